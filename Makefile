@@ -1,0 +1,33 @@
+# `make repro`: set-up + the pipeline on the offline default profile. `make test`: set-up + the tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+STAMP := $(VENV)/.installed
+export PATH := $(BIN):$(PATH)
+export DVC_NO_ANALYTICS := 1
+
+.PHONY: setup repro test lint bench clean-venv
+
+setup: $(STAMP)
+
+# pip (not uv/poetry): torch==2.13.0 comes from the local wheel on CPU machines
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+repro: setup
+	$(BIN)/dvc repro
+	@echo "packed tokens: data/tokens (meta.json); cleaning report: metrics/clean.json"
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python bench/data_throughput.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,92 @@
+"""What every stage shares: the one-line error, atomic outputs, logging, progress bars."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+log = logging.getLogger("lmpipe")
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+class StageError(Exception):
+    """Bad input or configuration: reported as one line and a non-zero exit, never a traceback."""
+
+
+def run_main(main: Callable[[], object]) -> None:
+    """Entry point of `python -m stages.<name>`."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        main()
+    except StageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("error: interrupted; outputs left as they were", file=sys.stderr)
+        sys.exit(130)
+
+
+def cpu_threads(requested: int) -> int:
+    """`0` means every core this process may use."""
+    return requested or len(os.sched_getaffinity(0))
+
+
+def progress(iterable: Any = None, **kwargs: Any) -> tqdm:
+    # disable=None: bars on a terminal, silent in logs and CI
+    return tqdm(iterable, disable=None, dynamic_ncols=True, **kwargs)
+
+
+@contextmanager
+def atomic_dir(target: Path) -> Iterator[Path]:
+    """Yield a fresh temporary directory that replaces `target` only if the block succeeds."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes it private; outputs get the usual mode
+    try:
+        yield tmp
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        if target.exists():
+            target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def atomic_file(target: Path, mode: str = "w") -> Iterator[Any]:
+    """Write to a temporary sibling, then rename over `target` only if the block succeeds."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    tmp = Path(tmp_name)
+    tmp.chmod(0o666 & ~_UMASK)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+            yield handle
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, data: Any) -> None:
+    with atomic_file(path) as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
+def read_json(path: Path, produced_by: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StageError(f"{path}: missing; run the '{produced_by}' stage first") from None

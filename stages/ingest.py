@@ -1,0 +1,200 @@
+"""Stage `ingest`: the sources in `ingest.sources` -> `data/raw/<nn>-<name>.parquet` (id, source, text).
+
+Sources are local files and globs (txt, jsonl, json, parquet, csv, each optionally .gz), a Hugging Face
+dataset by name/config/split (streamed, capped at `max_documents`), or a `save_to_disk` folder.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stages.common import StageError, atomic_dir, log, progress, run_main, write_json
+from stages.params import IngestParams, SourceParams, load_params
+from stages.readers import FileReader, TextDecoder, detect_format, split_long
+from stages.schemas import DOCUMENTS, validate
+from stages.tracking import stage_run
+
+OUT = Path("data/raw")
+METRICS = Path("metrics/ingest.json")
+BATCH_ROWS = 8192
+Document = tuple[str, str]  # (id, text)
+
+
+def resolve_files(source: SourceParams, key: str) -> list[Path]:
+    pattern = source.path or ""
+    if glob.has_magic(pattern):
+        files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+        if not files:
+            raise StageError(f"{key}.path: '{pattern}' matches no file")
+        return files
+    path = Path(pattern)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if not files:
+            raise StageError(f"{key}.path: directory '{pattern}' holds no file")
+        return files
+    if not path.exists():
+        raise StageError(f"{key}.path: '{pattern}' does not exist")
+    return [path]
+
+
+def file_documents(source: SourceParams, key: str, cfg: IngestParams, counts: Counter) -> Iterator[Document]:
+    reader = FileReader(
+        TextDecoder(cfg.encoding_errors, counts),
+        counts,
+        cfg.on_malformed,
+        source.text_column,
+        f"{key}.text_column",
+        source.split_by,
+        source.max_doc_chars,
+    )
+    files = resolve_files(source, key)
+    for path in progress(files, desc=f"ingest {source.label}", unit="file"):
+        counts["files"] += 1
+        fmt = detect_format(path, source.format)
+        for n, text in enumerate(reader.read(path, fmt)):
+            yield f"{path.as_posix()}#{n}", text
+
+
+def _texts(rows: Iterator[dict], where: str, column: str, column_key: str) -> Iterator[str | None]:
+    first = True
+    for row in rows:
+        if first and column not in row:
+            raise StageError(
+                f"{where}: no text column '{column}' ({column_key}); its columns are: {', '.join(row)}"
+            )
+        first = False
+        yield row.get(column)
+
+
+def dataset_documents(source: SourceParams, key: str, counts: Counter) -> Iterator[Document]:
+    import datasets  # slow to import; only these sources need it
+
+    if source.kind == "hf":
+        where = f"{key} (Hugging Face dataset '{source.dataset}')"
+        try:
+            data = datasets.load_dataset(
+                source.dataset,
+                source.config,
+                split=source.split or "train",
+                data_files=source.data_files,
+                streaming=True,
+            )
+        except Exception as exc:  # datasets raises many types: missing, offline, bad config
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StageError(f"{where}: cannot load: {first_line}") from None
+        prefix = f"{source.dataset}/{source.config or 'default'}/{source.split or 'train'}"
+    else:
+        where = f"{key}.path '{source.path}'"
+        try:
+            data = datasets.load_from_disk(source.path)
+        except FileNotFoundError:
+            raise StageError(f"{where}: not a datasets save_to_disk folder") from None
+        if isinstance(data, datasets.DatasetDict):
+            split = source.split or ("train" if "train" in data else None)
+            if split not in data:
+                raise StageError(
+                    f"{key}.split: '{source.split}' is not in {source.path}; "
+                    f"its splits are: {', '.join(data)}"
+                )
+            data = data[split]
+        if source.text_column not in data.column_names:
+            raise StageError(
+                f"{where}: no text column '{source.text_column}' ({key}.text_column); "
+                f"its columns are: {', '.join(data.column_names)}"
+            )
+        prefix = source.path.rstrip("/")
+    rows = _texts(iter(data), where, source.text_column, f"{key}.text_column")
+    n = 0
+    for value in progress(rows, desc=f"ingest {source.label}", unit="doc", total=source.max_documents):
+        if value is None or not isinstance(value, str):
+            counts["null_texts_skipped"] += 1
+            continue
+        for text in split_long(value.replace("\r\n", "\n"), source.max_doc_chars):
+            yield f"{prefix}#{n}", text
+            n += 1
+        if source.max_documents and n >= source.max_documents:
+            break
+
+
+def write_source(path: Path, label: str, docs: Iterator[Document], counts: Counter) -> None:
+    schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        batch: list[Document] = []
+
+        def flush() -> None:
+            frame = pd.DataFrame(batch, columns=["id", "text"])
+            frame.insert(1, "source", label)
+            validate(DOCUMENTS, frame, str(path))
+            writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False))
+            batch.clear()
+
+        for doc_id, text in docs:
+            if not text.strip():
+                continue
+            batch.append((doc_id, text))
+            counts["documents"] += 1
+            counts["characters"] += len(text)
+            if len(batch) >= BATCH_ROWS:
+                flush()
+        if batch:
+            flush()
+
+
+def main() -> None:
+    params = load_params()
+    cfg = params.ingest
+    any_synthetic = any(s.synthetic for s in cfg.sources)
+    with stage_run(
+        "ingest", params.tracking.experiment, {"ingest": cfg.model_dump()}, {"data.synthetic": any_synthetic}
+    ) as run:
+        report: dict[str, dict[str, int]] = {}
+        manifest = []
+        with atomic_dir(OUT) as tmp:
+            for i, source in enumerate(cfg.sources):
+                key = f"ingest.sources[{i}]"
+                counts: Counter = Counter()
+                docs = (
+                    file_documents(source, key, cfg, counts)
+                    if source.kind == "files"
+                    else dataset_documents(source, key, counts)
+                )
+                write_source(tmp / f"{i:02d}-{source.label}.parquet", source.label, docs, counts)
+                if counts["documents"] == 0:
+                    log.warning("%s (%s): no documents", key, source.label)
+                report[source.label] = dict(sorted(counts.items()))
+                manifest.append(
+                    {
+                        "name": source.label,
+                        "kind": source.kind,
+                        "synthetic": source.synthetic,
+                        "documents": counts["documents"],
+                        "characters": counts["characters"],
+                    }
+                )
+            total = sum(c.get("documents", 0) for c in report.values())
+            if total == 0:
+                raise StageError(f"ingest: no documents in any source: {report}")
+            write_json(tmp / "manifest.json", {"synthetic": any_synthetic, "sources": manifest})
+        totals: Counter = Counter()
+        for counts_of_source in report.values():
+            totals.update(counts_of_source)
+        write_json(METRICS, {"total": dict(sorted(totals.items())), "sources": report})
+        run.log_metrics({"total": dict(totals)})
+        log.info(
+            "ingest: %d documents, %.1f MB from %d sources",
+            totals["documents"],
+            totals["characters"] / 1e6,
+            len(cfg.sources),
+        )
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,200 @@
+"""Typed, validated `params.yaml`.
+
+Every stage calls `load_params()` first: an unknown key, a wrong type or an out-of-range value stops
+the stage before any work, with one line naming the dotted key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from stages.common import StageError
+
+PARAMS_FILE = Path("params.yaml")
+
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SampleParams(Strict):
+    """The synthetic corpus of the offline default profile."""
+
+    documents: int = Field(600, ge=1, le=1_000_000)
+    min_sentences: int = Field(4, ge=1)
+    max_sentences: int = Field(12, ge=1)
+    files: int = Field(4, ge=1, le=1000)
+    lexicon_size: int = Field(400, ge=20, le=100_000)
+
+    @model_validator(mode="after")
+    def _sentence_range(self) -> SampleParams:
+        if self.min_sentences > self.max_sentences:
+            raise ValueError(
+                f"min_sentences ({self.min_sentences}) must be <= max_sentences ({self.max_sentences})"
+            )
+        return self
+
+
+class SourceParams(Strict):
+    """One ingest source. `kind` says where the documents come from."""
+
+    kind: Literal["files", "hf", "disk"] = "files"
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    # files: a path or a glob (relative to the repo root); format from the extension unless given
+    path: str | None = None
+    format: Literal["auto", "txt", "jsonl", "json", "parquet", "csv"] = "auto"
+    split_by: Literal["paragraphs", "chunks", "lines", "file"] = "paragraphs"
+    max_doc_chars: int = Field(100_000, ge=100)
+    # hf: datasets.load_dataset(dataset, config, split=split, data_files=data_files), streamed
+    dataset: str | None = None
+    config: str | None = None
+    split: str | None = None
+    data_files: str | list[str] | None = None
+    max_documents: int | None = Field(None, ge=1)
+    text_column: str = "text"
+    synthetic: bool = False
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> SourceParams:
+        if self.kind in ("files", "disk") and not self.path:
+            raise ValueError(f"a '{self.kind}' source needs 'path'")
+        if self.kind == "hf" and not self.dataset:
+            raise ValueError("an 'hf' source needs 'dataset'")
+        if self.kind != "hf" and (self.dataset or self.config or self.data_files):
+            raise ValueError(f"'dataset', 'config' and 'data_files' are for 'hf' sources, not '{self.kind}'")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or Path(self.path or self.dataset or "source").stem.replace("*", "all")
+
+
+class IngestParams(Strict):
+    sources: list[SourceParams] = Field(min_length=1)
+    encoding_errors: Literal["replace", "skip", "fail"] = "replace"
+    on_malformed: Literal["fail", "skip"] = "fail"
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> IngestParams:
+        labels = [s.label for s in self.sources]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"source names must be unique; repeated: {', '.join(dupes)} (set 'name')")
+        return self
+
+
+class NearDedupParams(Strict):
+    enabled: bool = True
+    threshold: float = Field(0.8, gt=0.0, lt=1.0)
+    num_perm: int = Field(128, ge=16, le=1024)
+    shingle_words: int = Field(5, ge=1, le=20)
+
+
+class CleanParams(Strict):
+    """Quality rules after Gopher (Rae et al. 2021) and C4 (Raffel et al. 2020)."""
+
+    min_chars: int = Field(200, ge=0)
+    max_chars: int = Field(1_000_000, ge=1)
+    min_words: int = Field(30, ge=0)
+    min_mean_word_length: float = Field(2.5, ge=0)
+    max_mean_word_length: float = Field(12.0, ge=1)
+    min_alpha_ratio: Fraction = 0.6
+    max_digit_ratio: Fraction = 0.2
+    max_symbol_ratio: Fraction = 0.15
+    max_duplicate_line_fraction: Fraction = 0.3
+    max_duplicate_line_char_fraction: Fraction = 0.2
+    # Gopher: the most frequent n-gram may cover at most this fraction of the characters
+    max_top_ngram_char_fraction: dict[int, Fraction] = {2: 0.20, 3: 0.18, 4: 0.16}
+    # Gopher: characters inside duplicated n-grams may be at most this fraction
+    max_duplicate_ngram_char_fraction: dict[int, Fraction] = {
+        5: 0.15,
+        6: 0.14,
+        7: 0.13,
+        8: 0.12,
+        9: 0.11,
+        10: 0.10,
+    }
+    bad_phrases: list[str] = ["lorem ipsum"]
+    exact_dedup: bool = True
+    near_dedup: NearDedupParams = NearDedupParams()
+    workers: int = Field(0, ge=0, description="processes for the per-document rules; 0 = all cores")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> CleanParams:
+        if self.min_chars > self.max_chars:
+            raise ValueError(f"min_chars ({self.min_chars}) must be <= max_chars ({self.max_chars})")
+        if self.min_mean_word_length > self.max_mean_word_length:
+            raise ValueError("min_mean_word_length must be <= max_mean_word_length")
+        for key in (*self.max_top_ngram_char_fraction, *self.max_duplicate_ngram_char_fraction):
+            if not 1 <= key <= 20:
+                raise ValueError(f"n-gram sizes must be between 1 and 20, got {key}")
+        return self
+
+
+class TokenizerParams(Strict):
+    model_type: Literal["unigram", "bpe"] = "unigram"
+    vocab_size: int = Field(4000, ge=200, le=1_000_000)
+    character_coverage: float = Field(0.9995, gt=0.0, le=1.0)
+    byte_fallback: bool = True
+    normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] = "nmt_nfkc"
+    max_train_chars: int = Field(50_000_000, ge=1000, description="sample of clean text to train on")
+    threads: int = Field(0, ge=0, description="0 = all cores")
+
+
+class PackParams(Strict):
+    val_fraction: float = Field(0.05, gt=0.0, lt=1.0)
+    threads: int = Field(0, ge=0, description="0 = all cores")
+    batch_documents: int = Field(20_000, ge=1)
+
+
+class TrackingParams(Strict):
+    experiment: str = Field("lmpipe", min_length=1)
+
+
+class Params(Strict):
+    seed: int = Field(1234, ge=0, le=2**32 - 1)
+    tracking: TrackingParams = TrackingParams()
+    sample: SampleParams = SampleParams()
+    ingest: IngestParams
+    clean: CleanParams = CleanParams()
+    tokenizer: TokenizerParams = TokenizerParams()
+    pack: PackParams = PackParams()
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"])
+    key = key.removeprefix(".")
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return f"{key}: unknown key"
+    if error["type"] == "missing":
+        return f"{key}: required key is missing"
+    if isinstance(error["input"], dict | list):  # a rule across several keys of one section
+        return f"{key}: {message}" if key else message
+    return f"{key}={error['input']!r}: {message}" if key else message
+
+
+def parse_params(raw: Any, origin: str = str(PARAMS_FILE)) -> Params:
+    if not isinstance(raw, dict):
+        raise StageError(f"{origin}: expected a mapping of sections, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e) for e in exc.errors(include_url=False))
+        raise StageError(f"{origin}: {problems}") from None
+
+
+def load_params(path: Path = PARAMS_FILE) -> Params:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StageError(f"{path}: not found (run from the repository root)") from None
+    except yaml.YAMLError as exc:
+        raise StageError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    return parse_params(raw, str(path))

@@ -1,0 +1,226 @@
+"""`ingest`: every reader and every bad-input case of the issue, on real files written by the tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stages import ingest
+from stages.common import StageError
+
+PARA = "The committee met on Tuesday and agreed on a plan for the new library building."
+
+
+def raw_texts(workdir) -> list[str]:
+    files = sorted((workdir.path / "data/raw").glob("*.parquet"))
+    return [t for f in files for t in pq.read_table(f).column("text").to_pylist()]
+
+
+def metrics(workdir) -> dict:
+    return json.loads((workdir.path / "metrics/ingest.json").read_text())
+
+
+def write(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def test_every_format_and_gzip(workdir) -> None:
+    src = workdir.path / "src"
+    records = [{"text": f"{PARA} Record {i}.", "meta": i} for i in range(3)]
+    write(src / "a.txt", f"{PARA} One.\n\n{PARA} Two.\n")
+    write(src / "b.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    write(src / "c.json", json.dumps(records))
+    pq.write_table(pa.Table.from_pylist(records), src / "d.parquet")
+    pd.DataFrame(records).to_csv(src / "e.csv", index=False)
+    for name in ["a.txt", "b.jsonl", "c.json", "d.parquet", "e.csv"]:
+        write(src / "gz" / f"{name}.gz", gzip.compress((src / name).read_bytes()))
+    workdir.sources({"name": "plain", "path": "src/*.*"}, {"name": "zipped", "path": "src/gz"})
+    ingest.main()
+    report = metrics(workdir)
+    assert report["sources"]["plain"]["documents"] == 2 + 3 * 4
+    assert report["sources"]["zipped"]["documents"] == 2 + 3 * 4
+    texts = raw_texts(workdir)
+    assert texts.count(f"{PARA} Record 1.") == 8
+    frame = pq.read_table(workdir.path / "data/raw/00-plain.parquet").to_pandas()
+    assert list(frame.columns) == ["id", "source", "text"]
+    assert frame["id"].is_unique and set(frame["source"]) == {"plain"}
+    assert "src/a.txt#0" in set(frame["id"])
+
+
+def test_split_modes_and_max_doc_chars(workdir) -> None:
+    paras = [f"Paragraph {i}. {PARA}" for i in range(10)]
+    write(workdir.path / "book.txt", "\n\n".join(paras) + "\n")
+    workdir.sources({"path": "book.txt", "split_by": "chunks", "max_doc_chars": 400})
+    ingest.main()
+    docs = raw_texts(workdir)
+    assert all(len(d) <= 400 for d in docs) and [d.count("Paragraph") for d in docs] == [4, 4, 2]
+    assert "\n\n".join(docs) == "\n\n".join(paras)
+    workdir.sources({"path": "book.txt", "split_by": "file", "max_doc_chars": 100_000})
+    ingest.main()
+    assert raw_texts(workdir) == ["\n\n".join(paras)]
+
+
+def test_bom_and_crlf_are_removed(workdir) -> None:
+    write(workdir.path / "win.txt", ("\ufeff" + f"{PARA}\r\nsame paragraph\r\n\r\n{PARA}\r\n").encode())
+    workdir.sources({"path": "win.txt"})
+    ingest.main()
+    assert raw_texts(workdir) == [f"{PARA}\nsame paragraph", PARA]
+
+
+def test_invalid_utf8_policies(workdir) -> None:
+    write(workdir.path / "bad.txt", PARA.encode() + b" caf\xe9 \xff\n\n" + PARA.encode() + b"\n")
+    workdir.sources({"path": "bad.txt"})
+    ingest.main()
+    assert raw_texts(workdir) == [f"{PARA} caf\ufffd \ufffd", PARA]
+    assert metrics(workdir)["total"]["invalid_utf8_bytes_replaced"] == 2
+
+    workdir.set("ingest.encoding_errors", "skip")
+    ingest.main()
+    assert raw_texts(workdir) == [PARA]
+    assert metrics(workdir)["total"]["invalid_utf8_documents_skipped"] == 1
+
+    workdir.set("ingest.encoding_errors", "fail")
+    with pytest.raises(StageError, match=r"bad.txt:1: invalid UTF-8 byte 0xe9 at offset 83"):
+        ingest.main()
+
+
+def test_binary_and_empty_files_are_skipped_counted_and_named(workdir, caplog) -> None:
+    write(workdir.path / "src/good.txt", PARA)
+    write(workdir.path / "src/image.txt", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    write(workdir.path / "src/empty.txt", b"")
+    write(workdir.path / "src/blank.txt", b"  \n\n ")
+    workdir.sources({"path": "src/*.txt"})
+    with caplog.at_level(logging.WARNING, logger="lmpipe"):
+        ingest.main()
+    assert raw_texts(workdir) == [PARA]
+    total = metrics(workdir)["total"]
+    assert total["binary_files_skipped"] == 1 and total["empty_files"] == 2 and total["files"] == 4
+    assert "src/image.txt: binary file (NUL bytes), skipped" in caplog.text
+    assert "src/empty.txt: empty file, skipped" in caplog.text
+
+
+def test_one_50mb_line_becomes_bounded_documents(workdir) -> None:
+    words = ("lorem ipsa dolor sit amet consectetur " * 1_400_000)[: 50 * 1024 * 1024]
+    write(workdir.path / "huge.txt", words + "\n")
+    workdir.sources({"path": "huge.txt", "max_doc_chars": 100_000})
+    ingest.main()
+    docs = raw_texts(workdir)
+    assert all(len(d) <= 100_000 for d in docs)
+    assert sum(len(d) for d in docs) >= len(words.strip()) - len(docs)  # only cut whitespace is lost
+    assert len(docs) == pytest.approx(len(words) / 100_000, rel=0.02)
+
+
+def test_missing_path_and_empty_glob_are_named(workdir) -> None:
+    workdir.sources({"path": "nowhere/*.txt"})
+    with pytest.raises(StageError, match=r"ingest.sources\[0\].path: 'nowhere/\*.txt' matches no file"):
+        ingest.main()
+    write(workdir.path / "ok.txt", PARA)
+    workdir.sources({"path": "ok.txt"}, {"path": "missing.jsonl"})
+    with pytest.raises(StageError, match=r"ingest.sources\[1\].path: 'missing.jsonl' does not exist"):
+        ingest.main()
+
+
+def test_malformed_jsonl_fails_with_file_and_line_or_is_skipped(workdir) -> None:
+    lines = [json.dumps({"text": PARA}), '{"text": "unterminated', "[1, 2]", json.dumps({"text": PARA + "!"})]
+    write(workdir.path / "d.jsonl", "\n".join(lines) + "\n")
+    workdir.sources({"path": "d.jsonl"})
+    with pytest.raises(StageError, match=r"d.jsonl:2: malformed JSON line \(Unterminated string"):
+        ingest.main()
+    workdir.set("ingest.on_malformed", "skip")
+    ingest.main()
+    assert raw_texts(workdir) == [PARA, PARA + "!"]
+    assert metrics(workdir)["total"]["malformed_records_skipped"] == 2
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl", "json"])
+def test_table_without_text_column_lists_its_columns(workdir, fmt: str) -> None:
+    records = [{"body": PARA, "title": "x"}]
+    path = workdir.path / f"t.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(records), path)
+    elif fmt == "csv":
+        pd.DataFrame(records).to_csv(path, index=False)
+    elif fmt == "jsonl":
+        write(path, json.dumps(records[0]) + "\n")
+    else:
+        write(path, json.dumps(records))
+    workdir.sources({"path": f"t.{fmt}"})
+    with pytest.raises(StageError) as info:
+        ingest.main()
+    assert str(info.value) == (
+        f"t.{fmt}: no text column 'text' (ingest.sources[0].text_column); its columns are: body, title"
+    )
+    workdir.sources({"path": f"t.{fmt}", "text_column": "body"})
+    ingest.main()
+    assert raw_texts(workdir) == [PARA]
+
+
+def test_truncated_gzip_is_an_error(workdir) -> None:
+    data = gzip.compress((PARA + "\n\n") .encode() * 2000)
+    write(workdir.path / "cut.txt.gz", data[: len(data) // 2])
+    workdir.sources({"path": "cut.txt.gz"})
+    with pytest.raises(StageError, match=r"cut.txt.gz: truncated gzip file"):
+        ingest.main()
+
+
+def test_failed_run_leaves_previous_outputs_untouched(workdir) -> None:
+    write(workdir.path / "ok.txt", PARA)
+    workdir.sources({"path": "ok.txt"})
+    ingest.main()
+    before = {p.name: p.read_bytes() for p in (workdir.path / "data/raw").iterdir()}
+    metrics_before = (workdir.path / "metrics/ingest.json").read_bytes()
+    write(workdir.path / "bad.jsonl", "{oops\n")
+    workdir.sources({"path": "ok.txt"}, {"path": "bad.jsonl"})
+    result = workdir.run("ingest")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: bad.jsonl:1: malformed JSON line")
+    assert "Traceback" not in result.stderr
+    assert {p.name: p.read_bytes() for p in (workdir.path / "data/raw").iterdir()} == before
+    assert (workdir.path / "metrics/ingest.json").read_bytes() == metrics_before
+    assert [p.name for p in (workdir.path / "data").iterdir()] == ["raw"]  # no temporary leftovers
+
+
+def test_save_to_disk_folder_and_hf_builder_offline(workdir) -> None:
+    import datasets
+
+    rows = {"text": [PARA, PARA + " Again."], "label": [0, 1]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(workdir.path / "ds"))
+    write(workdir.path / "local.jsonl", "".join(json.dumps({"text": f"{PARA} {i}"}) + "\n" for i in range(5)))
+    workdir.sources(
+        {"name": "disk", "kind": "disk", "path": "ds"},
+        {"name": "hub", "kind": "hf", "dataset": "json", "data_files": "local.jsonl", "max_documents": 3},
+    )
+    ingest.main()
+    report = metrics(workdir)["sources"]
+    assert report["disk"]["documents"] == 2 and report["hub"]["documents"] == 3
+    workdir.sources({"kind": "disk", "path": "ds", "split": "test"})
+    with pytest.raises(StageError, match=r"ingest.sources\[0\].split: 'test' is not in ds; its splits are: train"):
+        ingest.main()
+
+
+def test_all_sources_empty_is_an_error(workdir) -> None:
+    write(workdir.path / "empty.txt", b"")
+    workdir.sources({"path": "empty.txt"})
+    with pytest.raises(StageError, match="ingest: no documents in any source"):
+        ingest.main()
+    assert not (workdir.path / "data/raw").exists()
+
+
+def test_real_corpus(workdir, corpus_dir: Path) -> None:
+    workdir.sources({"name": "books", "path": f"{corpus_dir}/*.txt", "split_by": "chunks", "max_doc_chars": 8000})
+    ingest.main()
+    report = metrics(workdir)["total"]
+    assert report["files"] == len(list(corpus_dir.glob("*.txt")))
+    texts = raw_texts(workdir)
+    assert all(0 < len(t) <= 8000 for t in texts)
+    assert not any("\r" in t or "\ufeff" in t for t in texts)  # Pride and Prejudice has BOM + CRLF
+    assert any("Elizabeth" in t for t in texts) and any("Pierre" in t for t in texts)

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import pytest
+
+from stages.common import StageError
+from stages.params import load_params, parse_params
+from tests.conftest import DEFAULT_PARAMS, ROOT
+
+
+def test_repository_params_are_valid() -> None:
+    params = load_params(ROOT / "params.yaml")
+    assert params.ingest.sources[0].synthetic
+    assert params.tokenizer.vocab_size == DEFAULT_PARAMS["tokenizer"]["vocab_size"]
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "expected"),
+    [
+        ("clean.min_wrods", 3, "clean.min_wrods: unknown key"),
+        ("clean.min_words", "many", "clean.min_words='many': Input should be a valid integer"),
+        ("clean.min_words", -1, "clean.min_words=-1: Input should be greater than or equal to 0"),
+        ("pack.val_fraction", 1.5, "pack.val_fraction=1.5: Input should be less than 1"),
+        (
+            "tokenizer.model_type",
+            "wordpiece",
+            "tokenizer.model_type='wordpiece': Input should be 'unigram' or 'bpe'",
+        ),
+        ("clean.near_dedup.threshold", 0, "clean.near_dedup.threshold=0: Input should be greater than 0"),
+        ("ingest.encoding_errors", "ignore", "ingest.encoding_errors='ignore'"),
+    ],
+)
+def test_bad_value_names_the_dotted_key(dotted: str, value: object, expected: str) -> None:
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    *parents, last = dotted.split(".")
+    node = raw
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    with pytest.raises(StageError) as info:
+        parse_params(raw)
+    message = str(info.value)
+    assert "\n" not in message
+    assert expected in message
+
+
+def test_conflicting_options_are_rejected() -> None:
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["clean"]["min_chars"], raw["clean"]["max_chars"] = 500, 100
+    with pytest.raises(StageError, match=r"clean: min_chars \(500\) must be <= max_chars \(100\)"):
+        parse_params(raw)
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["ingest"]["sources"] = [{"kind": "files"}]
+    with pytest.raises(StageError, match=r"ingest.sources\[0\]: a 'files' source needs 'path'"):
+        parse_params(raw)
+    raw["ingest"]["sources"] = [{"path": "a.txt"}, {"path": "b/a.txt"}]
+    with pytest.raises(StageError, match="source names must be unique; repeated: a"):
+        parse_params(raw)
+
+
+def test_stage_fails_on_bad_params_with_one_line_before_any_work(workdir) -> None:
+    workdir.set("sample.documents", 0)
+    result = workdir.run("sample")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: params.yaml: sample.documents=0: Input should be greater than or equal to 1"
+    ]
+    assert not (workdir.path / "data").exists()
+
+
+def test_invalid_yaml_is_one_line(workdir) -> None:
+    (workdir.path / "params.yaml").write_text("seed: [1\n")
+    result = workdir.run("pack")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("error: params.yaml: not valid YAML")

@@ -165,7 +165,7 @@ def test_table_without_text_column_lists_its_columns(workdir, fmt: str) -> None:
 
 
 def test_truncated_gzip_is_an_error(workdir) -> None:
-    data = gzip.compress((PARA + "\n\n") .encode() * 2000)
+    data = gzip.compress((PARA + "\n\n").encode() * 2000)
     write(workdir.path / "cut.txt.gz", data[: len(data) // 2])
     workdir.sources({"path": "cut.txt.gz"})
     with pytest.raises(StageError, match=r"cut.txt.gz: truncated gzip file"):
@@ -203,7 +203,9 @@ def test_save_to_disk_folder_and_hf_builder_offline(workdir) -> None:
     report = metrics(workdir)["sources"]
     assert report["disk"]["documents"] == 2 and report["hub"]["documents"] == 3
     workdir.sources({"kind": "disk", "path": "ds", "split": "test"})
-    with pytest.raises(StageError, match=r"ingest.sources\[0\].split: 'test' is not in ds; its splits are: train"):
+    with pytest.raises(
+        StageError, match=r"ingest.sources\[0\].split: 'test' is not in ds; its splits are: train"
+    ):
         ingest.main()
 
 
@@ -216,7 +218,9 @@ def test_all_sources_empty_is_an_error(workdir) -> None:
 
 
 def test_real_corpus(workdir, corpus_dir: Path) -> None:
-    workdir.sources({"name": "books", "path": f"{corpus_dir}/*.txt", "split_by": "chunks", "max_doc_chars": 8000})
+    workdir.sources(
+        {"name": "books", "path": f"{corpus_dir}/*.txt", "split_by": "chunks", "max_doc_chars": 8000}
+    )
     ingest.main()
     report = metrics(workdir)["total"]
     assert report["files"] == len(list(corpus_dir.glob("*.txt")))

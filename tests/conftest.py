@@ -90,3 +90,22 @@ def corpus_dir() -> Path:
 @pytest.fixture(scope="session")
 def glue_dir() -> Path:
     return _data_dir("GLUE_DIR")
+
+
+@pytest.fixture(scope="session")
+def sample_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Workdir:
+    """sample -> ingest -> clean -> tokenizer -> pack on the default params.
+
+    Shared by several tests: a test that changes its params restores them.
+    """
+    from tests.pipeline_helpers import prepared
+
+    return prepared(tmp_path_factory.mktemp("sample_pipeline"), None)
+
+
+@pytest.fixture(scope="session")
+def real_pipeline(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Workdir:
+    """ingest -> clean -> tokenizer -> pack on the real text in CORPUS_DIR."""
+    from tests.pipeline_helpers import prepared
+
+    return prepared(tmp_path_factory.mktemp("real_pipeline"), corpus_dir)

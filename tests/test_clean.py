@@ -1,0 +1,134 @@
+"""`clean`: normalisation, each quality rule, exact and near dedup, counts, and the empty-result error."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stages import clean, ingest
+from stages.params import CleanParams
+from stages.quality import RULES, failed_rule, normalize
+
+CFG = CleanParams()
+WORDS = [
+    "river",
+    "stone",
+    "garden",
+    "market",
+    "window",
+    "letter",
+    "morning",
+    "village",
+    "teacher",
+    "summer",
+    "question",
+    "silver",
+]
+
+
+def prose(seed: int, words: int = 80) -> str:
+    rng = random.Random(seed)
+    sentences, current = [], []
+    for _ in range(words):
+        current.append(rng.choice(WORDS))
+        if len(current) == 8:
+            sentences.append(" ".join(current).capitalize() + ".")
+            current = []
+    return " ".join(sentences + ([" ".join(current) + "."] if current else []))
+
+
+def test_normalize() -> None:
+    raw = "Cafe\u0301\r\nline\ttwo  \u00a0three\u200b\x07\n\n\n\n end \ufeff"
+    assert normalize(raw) == "Caf\u00e9\nline two three\n\nend"
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("", "empty"),
+        ("short text here.", "too_few_chars"),
+        ("a" * 60 + " " + "b" * 60 + " " + "c" * 90, "too_few_words"),
+        (
+            " ".join(["extraordinarily"] * 10 + [f"incomprehensibilities{i}" for i in range(30)]),
+            "mean_word_length",
+        ),
+        (" ".join(f"{i:06d}x" for i in range(60)), "alpha_ratio"),
+        (prose(1) + " " + " ".join(f"a{i:04d}" for i in range(60)), "digit_ratio"),
+        (prose(2) + " " + " ".join("@@#$ %%&*" for _ in range(40)), "symbol_ratio"),
+        ("\n".join([prose(3, 40)] + ["Subscribe to our newsletter today."] * 8), "duplicate_lines"),
+        (" ".join(["the garden"] * 30 + [prose(4)]), "top_ngram"),
+        (" ".join([prose(5, 40)] * 2 + [prose(6, 20)]), "duplicate_ngrams"),
+        (prose(7) + " Lorem Ipsum dolor sit amet.", "bad_phrase"),
+        (prose(8), None),
+    ],
+)
+def test_each_rule(text: str, rule: str | None) -> None:
+    assert failed_rule(normalize(text), CFG) == rule
+
+
+def test_duplicate_line_chars_rule() -> None:
+    long_line = "This long boilerplate footer line repeats itself in every page of the crawl."
+    text = "\n".join([prose(9, 40), *[long_line] * 4, prose(10, 40)])
+    cfg = CleanParams(max_duplicate_line_fraction=0.9)
+    assert failed_rule(normalize(text), cfg) == "duplicate_line_chars"
+
+
+def write_raw(workdir, texts: list[str]) -> None:
+    raw = workdir.path / "data/raw"
+    raw.mkdir(parents=True)
+    ids = [f"t#{i}" for i in range(len(texts))]
+    pq.write_table(pa.table({"id": ids, "source": ["t"] * len(texts), "text": texts}), raw / "00-t.parquet")
+    (raw / "manifest.json").write_text(json.dumps({"synthetic": False, "sources": []}))
+
+
+def kept(workdir) -> list[str]:
+    return pq.read_table(workdir.path / "data/clean/documents.parquet").column("text").to_pylist()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_dedup_and_every_drop_counted(workdir, workers: int) -> None:
+    docs = [prose(100 + i, 120) for i in range(40)]
+    near = docs[3].split()
+    near[10] = "harbour"
+    texts = docs + [docs[0], docs[1] + "  ", " ".join(near), "too short", prose(7) + " lorem ipsum"]
+    write_raw(workdir, texts)
+    workdir.set("clean.workers", workers)
+    clean.main()
+    report = json.loads((workdir.path / "metrics/clean.json").read_text())
+    assert kept(workdir) == docs
+    assert report["documents_in"] == len(texts) and report["documents_kept"] == 40
+    assert report["dropped"]["exact_duplicate"] == 2
+    assert report["dropped"]["near_duplicate"] == 1
+    assert report["dropped"]["too_few_chars"] == 1 and report["dropped"]["bad_phrase"] == 1
+    assert set(report["dropped"]) == set(RULES)
+    assert sum(report["dropped"].values()) == report["documents_in"] - report["documents_kept"]
+
+
+def test_nothing_left_is_an_error_with_rule_counts(workdir) -> None:
+    write_raw(workdir, ["tiny", "also tiny", prose(1, 40) + " lorem ipsum"])
+    result = workdir.run("clean")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: clean: no documents left after cleaning (3 in); "
+        "dropped by rule: too_few_chars=2, bad_phrase=1"
+    )
+    assert not (workdir.path / "data/clean").exists()
+    assert not (workdir.path / "metrics/clean.json").exists()
+
+
+def test_real_corpus(workdir, corpus_dir) -> None:
+    workdir.sources({"path": f"{corpus_dir}/wikitext2_raw_*.txt", "split_by": "paragraphs"})
+    ingest.main()
+    workdir.set("clean.workers", 2)
+    clean.main()
+    report = json.loads((workdir.path / "metrics/clean.json").read_text())
+    # WikiText: headings (" = Title = ") are short paragraphs and go, articles stay
+    assert report["dropped"]["too_few_chars"] > 1000
+    assert 1000 < report["documents_kept"] < report["documents_in"]
+    texts = kept(workdir)
+    assert all(t == normalize(t) and len(t) >= CFG.min_chars for t in texts)
+    assert len(set(texts)) == len(texts)

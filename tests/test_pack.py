@@ -1,0 +1,71 @@
+"""`pack`: flat memmap-readable shards, EOS per document, seeded document split, recorded metadata."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import sentencepiece as spm
+
+from stages.common import StageError
+from stages.pack import token_dtype, val_mask
+from tests.pipeline_helpers import run_stages
+
+
+@pytest.fixture(params=["sample_pipeline", "real_pipeline"])
+def packed(request):
+    return request.getfixturevalue(request.param)
+
+
+def shards(workdir) -> tuple[dict, dict[str, np.ndarray]]:
+    meta = json.loads((workdir.path / "data/tokens/meta.json").read_text())
+    arrays = {
+        s: np.memmap(workdir.path / f"data/tokens/{s}.bin", dtype=meta["dtype"], mode="r")
+        for s in ("train", "val")
+    }
+    return meta, arrays
+
+
+def test_shards_hold_every_clean_document_once(packed) -> None:
+    meta, arrays = shards(packed)
+    sp = spm.SentencePieceProcessor(model_file=str(packed.path / "data/tokenizer/spm.model"))
+    tok_meta = json.loads((packed.path / "data/tokenizer/tokenizer.json").read_text())
+    docs = pq.read_table(packed.path / "data/clean/documents.parquet").column("text").to_pylist()
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == sp.get_piece_size()
+    assert meta["tokenizer_sha256"] == tok_meta["sha256"]
+    decoded = []
+    for split, ids in arrays.items():
+        assert len(ids) == meta[split]["tokens"]
+        assert int((ids == meta["eos_id"]).sum()) == meta[split]["documents"]
+        assert ids[-1] == meta["eos_id"] and int(ids.max()) < meta["vocab_size"]
+        ends = np.flatnonzero(ids == meta["eos_id"])
+        decoded += [sp.decode(part.tolist()) for part in np.split(np.asarray(ids), ends + 1)[:-1]]
+    assert meta["train"]["documents"] + meta["val"]["documents"] == len(docs)
+    assert sorted(decoded) == sorted(sp.decode(sp.encode(d)) for d in docs)
+    assert meta["val"]["documents"] == round(len(docs) * meta["val_fraction"])
+
+
+def test_split_is_seeded(sample_pipeline) -> None:
+    packed = sample_pipeline
+    _, arrays = shards(packed)
+    packed.set("seed", 99)
+    try:
+        run_stages(packed, "pack")
+        _, reseeded = shards(packed)
+        assert not np.array_equal(np.asarray(reseeded["val"]), np.asarray(arrays["val"]))
+    finally:
+        packed.set("seed", 1234)
+        run_stages(packed, "pack")
+    _, again = shards(packed)
+    assert np.array_equal(np.asarray(again["val"]), np.asarray(arrays["val"]))
+
+
+def test_val_mask_and_dtype() -> None:
+    assert val_mask(2, 0.01, 0).sum() == 1
+    assert val_mask(10, 0.99, 0).sum() == 9
+    assert val_mask(1000, 0.05, 1).sum() == 50
+    with pytest.raises(StageError, match="a train/val split needs at least 2"):
+        val_mask(1, 0.5, 0)
+    assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32

@@ -1,0 +1,77 @@
+"""`tokenizer`: fixed special ids, determinism, round trip, and the too-small-corpus error."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+
+import pyarrow.parquet as pq
+import pytest
+import sentencepiece as spm
+
+from stages.common import StageError
+from stages.tokenizer import SPECIAL_IDS
+from tests.pipeline_helpers import prepared, run_stages
+
+
+def processor(workdir) -> spm.SentencePieceProcessor:
+    return spm.SentencePieceProcessor(model_file=str(workdir.path / "data/tokenizer/spm.model"))
+
+
+def test_special_ids_are_fixed_and_recorded(sample_pipeline) -> None:
+    sp = processor(sample_pipeline)
+    meta = json.loads((sample_pipeline.path / "data/tokenizer/tokenizer.json").read_text())
+    assert meta["special_ids"] == SPECIAL_IDS
+    assert [sp.id_to_piece(i) for i in range(7)] == [
+        "<pad>",
+        "<unk>",
+        "<s>",
+        "</s>",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+    ]
+    assert [sp.id_to_piece(i) for i in (7, 106)] == ["<extra_id_0>", "<extra_id_99>"]
+    assert meta["mask_id"] == 6 and meta["sentinel_ids"] == [7, 106] and meta["eos_id"] == 3
+    assert meta["vocab_size"] == sp.get_piece_size() == sample_pipeline.params["tokenizer"]["vocab_size"]
+    assert meta["synthetic"] is True
+    # specials are control symbols: the literal text never becomes one
+    assert not set(sp.encode("[MASK] <extra_id_3> [CLS]")) & set(range(107))
+
+
+def test_same_params_same_model(sample_pipeline, tmp_path) -> None:
+    again = prepared(tmp_path, None)
+    first = (sample_pipeline.path / "data/tokenizer/spm.model").read_bytes()
+    assert (again.path / "data/tokenizer/spm.model").read_bytes() == first
+    assert (again.path / "data/tokens/train.bin").read_bytes() == (
+        sample_pipeline.path / "data/tokens/train.bin"
+    ).read_bytes()
+
+
+def test_bpe(sample_pipeline, tmp_path) -> None:
+    bpe = prepared(tmp_path, None, tokenizer__model_type="bpe", tokenizer__vocab_size=800)
+    sp = processor(bpe)
+    assert sp.get_piece_size() == 800 and sp.piece_to_id("[MASK]") == 6
+    doc = "The dordis trellais every varvou."
+    assert sp.decode(sp.encode(doc)) == doc
+
+
+def test_vocab_too_large_for_corpus_says_what_it_supports(sample_pipeline) -> None:
+    sample_pipeline.set("tokenizer.vocab_size", 50_000)
+    try:
+        with pytest.raises(StageError) as info:
+            run_stages(sample_pipeline, "tokenizer")
+    finally:
+        sample_pipeline.set("tokenizer.vocab_size", 1024)
+    message = str(info.value)
+    assert message.startswith("tokenizer.vocab_size=50000 is too large for this corpus: it supports at most ")
+    assert "lower tokenizer.vocab_size or add text" in message and "trainer_interface" not in message
+
+
+def test_round_trip_on_real_documents(real_pipeline) -> None:
+    sp = processor(real_pipeline)
+    docs = pq.read_table(real_pipeline.path / "data/clean/documents.parquet").column("text").to_pylist()
+    assert len(docs) > 500
+    for doc in docs:
+        # nmt_nfkc: NFKC and whitespace runs (newlines included) become one space
+        assert sp.decode(sp.encode(doc)) == " ".join(unicodedata.normalize("NFKC", doc).split())

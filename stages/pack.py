@@ -9,7 +9,12 @@ or val by a seeded permutation.
 from __future__ import annotations
 
 import itertools
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -32,6 +37,8 @@ CLEAN = Path("data/clean")
 TOKENIZER = Path("data/tokenizer")
 OUT = Path("data/tokens")
 SPLITS = ("train", "val")
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -53,34 +60,65 @@ def flat_ids(encoded: list[list[int]], dtype: np.dtype) -> np.ndarray:
     return np.fromiter(itertools.chain.from_iterable(encoded), dtype=dtype, count=total)
 
 
-def pack(
-    documents: Path, processor: spm.SentencePieceProcessor, cfg: PackParams, seed: int, out_dir: Path
-) -> dict[str, dict[str, int]]:
-    dtype = token_dtype(processor.get_piece_size())
+def encode_batch(
+    processor: spm.SentencePieceProcessor, dtype: np.dtype, texts: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of the documents back to back, each followed by EOS, and each document's length."""
+    encoded = processor.encode(texts, out_type=int, add_eos=True, num_threads=1)
+    return flat_ids(encoded, dtype), np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Iterator[R]:
+    """`map` on a thread pool, in order, with a bounded number of items in flight."""
+    with ThreadPoolExecutor(threads) as executor:
+        pending: deque[Future[R]] = deque()
+        for item in items:
+            pending.append(executor.submit(fn, item))
+            if len(pending) > 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def encoded_batches(
+    documents: Path, model_file: Path, dtype: np.dtype, threads: int, batch_documents: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Batches in document order. SentencePiece releases the GIL while it encodes, so small batches on
+    a thread pool keep every core busy, also while another thread turns ids into arrays."""
+    processor = spm.SentencePieceProcessor(model_file=str(model_file))
     table = pq.ParquetFile(documents)
-    is_val = val_mask(table.metadata.num_rows, cfg.val_fraction, seed)
+    batches = (
+        b.column(0).to_pylist() for b in table.iter_batches(batch_size=batch_documents, columns=["text"])
+    )
+    yield from ordered_map(partial(encode_batch, processor, dtype), batches, threads)
+
+
+def pack(
+    documents: Path, model_file: Path, cfg: PackParams, seed: int, out_dir: Path
+) -> dict[str, dict[str, int]]:
+    vocab_size = spm.SentencePieceProcessor(model_file=str(model_file)).get_piece_size()
+    dtype = token_dtype(vocab_size)
+    n_docs = pq.ParquetFile(documents).metadata.num_rows
+    is_val = val_mask(n_docs, cfg.val_fraction, seed)
     threads = cpu_threads(cfg.threads)
     counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
-    handles = {split: open(out_dir / f"{split}.bin", "wb") for split in SPLITS}  # noqa: SIM115
-    try:
-        start = 0
-        bar = progress(total=table.metadata.num_rows, desc="pack", unit="doc")
-        for batch in table.iter_batches(batch_size=cfg.batch_documents, columns=["text"]):
-            texts = batch.column(0).to_pylist()
-            encoded = processor.encode(texts, out_type=int, add_eos=True, num_threads=threads)
-            batch_val = is_val[start : start + len(texts)]
-            start += len(texts)
-            for split, picked in (("train", ~batch_val), ("val", batch_val)):
-                docs = list(itertools.compress(encoded, picked))
-                ids = flat_ids(docs, dtype)
-                ids.tofile(handles[split])
-                counts[split]["documents"] += len(docs)
-                counts[split]["tokens"] += len(ids)
-            bar.update(len(texts))
-        bar.close()
-    finally:
-        for handle in handles.values():
-            handle.close()
+    start = 0
+    bar = progress(total=n_docs, desc="pack", unit="doc")
+    with open(out_dir / "train.bin", "wb") as train, open(out_dir / "val.bin", "wb") as val:
+        for ids, lengths in encoded_batches(documents, model_file, dtype, threads, cfg.batch_documents):
+            doc_is_val = is_val[start : start + len(lengths)]
+            start += len(lengths)
+            token_is_val = np.repeat(doc_is_val, lengths)
+            for split, handle, picked, docs in (
+                ("train", train, ~token_is_val, ~doc_is_val),
+                ("val", val, token_is_val, doc_is_val),
+            ):
+                chosen = ids[picked]
+                chosen.tofile(handle)
+                counts[split]["documents"] += int(docs.sum())
+                counts[split]["tokens"] += len(chosen)
+            bar.update(len(lengths))
+    bar.close()
     return counts
 
 
@@ -95,14 +133,13 @@ def main() -> None:
         {"seed": params.seed, "pack": cfg.model_dump()},
         {"data.synthetic": manifest["synthetic"], "tokenizer_sha256": tok_meta["sha256"]},
     ) as run:
-        processor = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "spm.model"))
         with atomic_dir(OUT) as tmp:
-            counts = pack(CLEAN / "documents.parquet", processor, cfg, params.seed, tmp)
+            counts = pack(CLEAN / "documents.parquet", TOKENIZER / "spm.model", cfg, params.seed, tmp)
             meta = {
-                "vocab_size": processor.get_piece_size(),
-                "dtype": token_dtype(processor.get_piece_size()).name,
-                "eos_id": processor.eos_id(),
-                "pad_id": processor.pad_id(),
+                "vocab_size": tok_meta["vocab_size"],
+                "dtype": token_dtype(tok_meta["vocab_size"]).name,
+                "eos_id": tok_meta["eos_id"],
+                "pad_id": tok_meta["pad_id"],
                 "tokenizer_sha256": tok_meta["sha256"],
                 "seed": params.seed,
                 "val_fraction": cfg.val_fraction,

@@ -150,7 +150,7 @@ class TokenizerParams(Strict):
 class PackParams(Strict):
     val_fraction: float = Field(0.05, gt=0.0, lt=1.0)
     threads: int = Field(0, ge=0, description="0 = all cores")
-    batch_documents: int = Field(20_000, ge=1)
+    batch_documents: int = Field(128, ge=1, description="documents per encode task")
 
 
 class TrackingParams(Strict):

@@ -1,0 +1,154 @@
+"""Data-stage throughput on real text: clean MB/s (near-dedup on), pack tokens/s, and pack against a
+`datasets.Dataset.map(batched=True, num_proc=N)` + SentencePiece reference, in one process.
+
+    CORPUS_DIR=../shared/data/corpus python bench/data_throughput.py [--repeats 3] [--copies 4]
+
+Prints one JSON line per measure. Not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import sentencepiece as spm
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from stages import clean, ingest, tokenizer  # noqa: E402
+from stages.common import cpu_threads  # noqa: E402
+from stages.pack import pack  # noqa: E402
+from stages.params import load_params  # noqa: E402
+
+_reference_processor: spm.SentencePieceProcessor | None = None
+
+
+def _reference_encode(batch: dict, model_file: str) -> dict:
+    global _reference_processor
+    if _reference_processor is None:
+        _reference_processor = spm.SentencePieceProcessor(model_file=model_file)
+    return {"ids": _reference_processor.encode(batch["text"], out_type=int, add_eos=True)}
+
+
+def reference_pack(documents: Path, model_file: str, workers: int, out: Path) -> int:
+    """What a researcher would write with `datasets`: map + SentencePiece, then one flat array."""
+    import datasets
+
+    ds = datasets.Dataset.from_parquet(str(documents), cache_dir=str(out / "cache"))
+    encoded = ds.map(
+        _reference_encode,
+        batched=True,
+        num_proc=workers,
+        remove_columns=ds.column_names,
+        fn_kwargs={"model_file": model_file},
+        load_from_cache_file=False,
+    )
+    flat = pa.chunked_array(encoded.data.column("ids").chunks).combine_chunks().flatten().to_numpy()
+    ids = flat.astype(np.uint16)
+    ids.tofile(out / "reference.bin")
+    return len(ids)
+
+
+def median_time(fn, repeats: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--copies", type=int, default=4, help="the clean corpus repeated for pack")
+    args = parser.parse_args()
+    corpus = Path(os.environ.get("CORPUS_DIR", ROOT.parent / "shared/data/corpus"))
+    if not corpus.is_dir():
+        sys.exit(f"error: CORPUS_DIR={corpus} is not a directory of real text")
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{tempfile.gettempdir()}/bench-mlflow.db")
+    workers = cpu_threads(0)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        params = yaml.safe_load((ROOT / "params.yaml").read_text())
+        params["ingest"]["sources"] = [
+            {"name": "real", "path": f"{corpus}/*.txt", "split_by": "chunks", "max_doc_chars": 8000}
+        ]
+        params["tokenizer"]["vocab_size"] = 16000
+        Path("params.yaml").write_text(yaml.safe_dump(params))
+        ingest.main()
+        raw_mb = (
+            sum(
+                sum(len(t.encode()) for t in pq.read_table(p).column("text").to_pylist())
+                for p in Path("data/raw").glob("*.parquet")
+            )
+            / 1e6
+        )
+        seconds, _ = median_time(clean.main, args.repeats)
+        print(
+            json.dumps(
+                {
+                    "measure": "clean",
+                    "mb": round(raw_mb, 2),
+                    "seconds": round(seconds, 3),
+                    "mb_per_s": round(raw_mb / seconds, 2),
+                    "near_dedup": True,
+                    "workers": workers,
+                }
+            )
+        )
+        tokenizer.main()
+
+        table = pq.read_table("data/clean/documents.parquet")
+        big = Path("documents_x.parquet")
+        pq.write_table(pa.concat_tables([table] * args.copies), big)
+        cfg = load_params().pack
+        out = Path("ours")
+        out.mkdir()
+        results = {}
+        for _ in range(args.repeats):  # alternate so both see the same machine state
+            for name, run in (
+                (
+                    "ours",
+                    lambda: sum(
+                        c["tokens"] for c in pack(big, Path("data/tokenizer/spm.model"), cfg, 1, out).values()
+                    ),
+                ),
+                ("reference", lambda: reference_pack(big, "data/tokenizer/spm.model", workers, Path("."))),
+            ):
+                start = time.perf_counter()
+                tokens = run()
+                results.setdefault(name, []).append((time.perf_counter() - start, tokens))
+        tokens = results["ours"][0][1]
+        assert tokens == results["reference"][0][1], "ours and the reference packed different token counts"
+        ours_s = statistics.median(t for t, _ in results["ours"])
+        ref_s = statistics.median(t for t, _ in results["reference"])
+        # ratio of each adjacent pair, so a drift in machine speed cancels out
+        pair_ratios = [r[0] / o[0] for o, r in zip(results["ours"], results["reference"], strict=True)]
+        print(
+            json.dumps(
+                {
+                    "measure": "pack",
+                    "tokens": tokens,
+                    "workers": workers,
+                    "ours_tokens_per_s": round(tokens / ours_s),
+                    "ref_tokens_per_s": round(tokens / ref_s),
+                    "ratio": round(statistics.median(pair_ratios), 2),
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -64,6 +64,7 @@ def training_lines(
 
 def train(lines: Iterator[str], cfg: TokenizerParams, seed: int) -> bytes:
     model = io.BytesIO()
+    log.info("tokenizer: training SentencePiece %s, vocab %d", cfg.model_type, cfg.vocab_size)
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(

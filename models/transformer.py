@@ -1,0 +1,254 @@
+"""The block library and the three architectures built from it (in the spirit of nanoGPT's model.py).
+
+Encoder-only: bidirectional self-attention. Decoder-only: causal self-attention. Encoder-decoder: a
+bidirectional encoder and a causal decoder with cross-attention. Token embeddings are tied to the LM
+head; `lm_logits` takes hidden states already gathered at the positions that need a prediction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.config import ModelConfig
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def sinusoidal_table(length: int, dim: int) -> Tensor:
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table
+
+
+def rope_tables(length: int, head_dim: int) -> tuple[Tensor, Tensor]:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x[..., :h/2], x[..., h/2:]) of a [B, H, T, h] tensor by position-dependent angles."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos[: x.shape[-2]].to(x.dtype), sin[: x.shape[-2]].to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.cross = cross
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.dropout
+        if cross:
+            self.q = nn.Linear(d, d, bias=cfg.bias)
+            self.kv = nn.Linear(d, 2 * d, bias=cfg.bias)
+        else:
+            self.qkv = nn.Linear(d, 3 * d, bias=cfg.bias)
+        self.out = nn.Linear(d, d, bias=cfg.bias)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, -1).transpose(1, 2)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        if self.cross:
+            q, (k, v) = self.q(x), self.kv(context).chunk(2, dim=-1)
+        else:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal and mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.out(y.transpose(1, 2).reshape(x.shape))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.swiglu = cfg.mlp == "swiglu"
+        self.up = nn.Linear(cfg.d_model, (2 if self.swiglu else 1) * cfg.d_ff, bias=cfg.bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.swiglu:
+            gate, value = self.up(x).chunk(2, dim=-1)
+            return self.down(F.silu(gate) * value)
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, MLP; each a residual branch with pre- or post-norm."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm_position == "pre"
+        self.self_attn, self.norm1 = Attention(cfg), make_norm(cfg)
+        self.cross_attn = Attention(cfg, cross=True) if cross else None
+        self.norm_cross = make_norm(cfg) if cross else None
+        self.mlp, self.norm2 = MLP(cfg), make_norm(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def _residual(self, x: Tensor, norm: nn.Module, branch) -> Tensor:
+        if self.pre_norm:
+            return x + self.drop(branch(norm(x)))
+        return norm(x + self.drop(branch(x)))
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        rope: tuple[Tensor, Tensor] | None,
+        context: Tensor | None = None,
+        context_mask: Tensor | None = None,
+    ) -> Tensor:
+        x = self._residual(x, self.norm1, lambda h: self.self_attn(h, mask=mask, causal=causal, rope=rope))
+        if self.cross_attn is not None:
+            x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(h, context, mask=context_mask))
+        return self._residual(x, self.norm2, self.mlp)
+
+
+class Stack(nn.Module):
+    def __init__(self, cfg: ModelConfig, n_layers: int, causal: bool, cross: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.blocks = nn.ModuleList(Block(cfg, cross) for _ in range(n_layers))
+        # pre-norm stacks end in a norm; post-norm ones normalise the embeddings instead (BERT)
+        self.edge_norm = make_norm(cfg)
+        self.pre_norm = cfg.norm_position == "pre"
+
+    def forward(
+        self,
+        x: Tensor,
+        pad_mask: Tensor | None,
+        rope: tuple[Tensor, Tensor] | None,
+        context: Tensor | None = None,
+        context_pad_mask: Tensor | None = None,
+    ) -> Tensor:
+        mask = attention_mask(pad_mask, self.causal, x.shape[1], x.device)
+        context_mask = None if context_pad_mask is None else context_pad_mask[:, None, None, :]
+        if not self.pre_norm:
+            x = self.edge_norm(x)
+        for block in self.blocks:
+            x = block(x, mask, self.causal and mask is None, rope, context, context_mask)
+        return self.edge_norm(x) if self.pre_norm else x
+
+
+def attention_mask(pad_mask: Tensor | None, causal: bool, length: int, device: torch.device) -> Tensor | None:
+    """Boolean [B, 1, T, T] mask (True = may attend), or None when SDPA's fast paths apply."""
+    if pad_mask is None:
+        return None
+    mask = pad_mask[:, None, None, :]
+    if causal:
+        mask = mask & torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+class Transformer(nn.Module):
+    """Encoder-only, decoder-only or encoder-decoder, by `cfg.arch`."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positions = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.positions == "learned" else None
+        if cfg.positions == "sinusoidal":
+            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
+        if cfg.positions == "rope":
+            cos, sin = rope_tables(cfg.max_len, cfg.head_dim)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        has_encoder = cfg.arch in ("encoder", "encoder_decoder")
+        self.encoder = Stack(cfg, cfg.n_layers, causal=False, cross=False) if has_encoder else None
+        self.decoder = (
+            Stack(cfg, cfg.decoder_layers, causal=True, cross=cfg.arch == "encoder_decoder")
+            if cfg.arch != "encoder"
+            else None
+        )
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        if ids.shape[1] > self.cfg.max_len:
+            raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds max_len={self.cfg.max_len}")
+        x = self.embed(ids)
+        if self.positions is not None:
+            x = x + self.positions.weight[: ids.shape[1]]
+        elif self.cfg.positions == "sinusoidal":
+            x = x + self.sinusoid[: ids.shape[1]].to(x.dtype)
+        return self.drop(x)
+
+    def _rope(self) -> tuple[Tensor, Tensor] | None:
+        return (self.rope_cos, self.rope_sin) if self.cfg.positions == "rope" else None
+
+    def encode(self, ids: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        assert self.encoder is not None, "this architecture has no encoder"
+        return self.encoder(self._embed(ids), pad_mask, self._rope())
+
+    def decode(
+        self,
+        ids: Tensor,
+        pad_mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_pad_mask: Tensor | None = None,
+    ) -> Tensor:
+        assert self.decoder is not None, "this architecture has no decoder"
+        return self.decoder(self._embed(ids), pad_mask, self._rope(), memory, memory_pad_mask)
+
+    def forward(
+        self,
+        ids: Tensor,
+        pad_mask: Tensor | None = None,
+        decoder_ids: Tensor | None = None,
+        decoder_pad_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Hidden states of the last stack: the encoder's, the decoder's, or the decoder's given the
+        encoder's output on `ids` (encoder-decoder, with `decoder_ids`)."""
+        if self.cfg.arch == "encoder":
+            return self.encode(ids, pad_mask)
+        if self.cfg.arch == "decoder":
+            return self.decode(ids, pad_mask)
+        if decoder_ids is None:
+            raise ValueError("an encoder-decoder needs decoder_ids")
+        memory = self.encode(ids, pad_mask)
+        return self.decode(decoder_ids, decoder_pad_mask, memory, pad_mask)
+
+    def lm_logits(self, hidden: Tensor) -> Tensor:
+        """Tied output embedding: logits over the vocabulary for the given hidden states."""
+        return F.linear(hidden, self.embed.weight)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

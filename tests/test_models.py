@@ -1,0 +1,127 @@
+"""Architectures: what each position may see, closed-form parameter counts, tied embeddings, presets."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from models.config import PRESETS, ModelConfig
+from models.transformer import Transformer
+
+SMALL = ModelConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16)
+
+
+def model_of(**changes) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(SMALL.with_(**changes)).eval()
+
+
+def ids(seed: int, batch: int = 2, length: int = 12) -> torch.Tensor:
+    return torch.randint(10, 300, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def changed_positions(before: torch.Tensor, after: torch.Tensor) -> list[int]:
+    return [t for t in range(before.shape[1]) if not torch.allclose(before[:, t], after[:, t], atol=1e-6)]
+
+
+VARIANTS = [
+    dict(positions=p, norm_position=n, mlp=m)
+    for p, n, m in itertools.product(["learned", "sinusoidal", "rope"], ["pre", "post"], ["gelu", "swiglu"])
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(v.values()))
+def test_decoder_is_causal_and_encoder_bidirectional(variant) -> None:
+    x = ids(1)
+    x2 = x.clone()
+    x2[:, 6] = 7
+    decoder = model_of(arch="decoder", **variant)
+    assert changed_positions(decoder(x), decoder(x2)) == list(range(6, 12))
+    encoder = model_of(arch="encoder", **variant)
+    assert changed_positions(encoder(x), encoder(x2)) == list(range(12))
+
+
+@pytest.mark.parametrize("variant", VARIANTS[:4], ids=lambda v: "-".join(v.values()))
+def test_encoder_decoder_decoder_is_causal_and_sees_every_encoder_position(variant) -> None:
+    model = model_of(arch="encoder_decoder", **variant)
+    src, tgt = ids(2, length=10), ids(3, length=8)
+    base = model(src, decoder_ids=tgt)
+    tgt2 = tgt.clone()
+    tgt2[:, 4] = 9
+    assert changed_positions(base, model(src, decoder_ids=tgt2)) == list(range(4, 8))
+    for i in range(10):
+        src2 = src.clone()
+        src2[:, i] = 9
+        assert changed_positions(base, model(src2, decoder_ids=tgt)) == list(range(8))
+
+
+def test_padding_is_invisible_to_real_tokens() -> None:
+    for arch in ("encoder", "decoder"):
+        model = model_of(arch=arch)
+        x = ids(4, length=10)
+        pad = torch.ones_like(x, dtype=torch.bool)
+        pad[:, 7:] = False
+        x2 = x.clone()
+        x2[:, 7:] = 0
+        assert changed_positions(model(x, pad)[:, :7], model(x2, pad)[:, :7]) == []
+
+
+def closed_form_parameters(cfg: ModelConfig) -> int:
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    b = 1 if cfg.bias else 0
+    norm = (2 * d if cfg.bias else d) if cfg.norm == "layernorm" else d
+    attention = 4 * d * d + 4 * d * b
+    mlp = (2 if cfg.mlp == "swiglu" else 1) * (d * f + f * b) + f * d + d * b
+    block = attention + mlp + 2 * norm
+    total = v * d + (cfg.max_len * d if cfg.positions == "learned" else 0)
+    if cfg.arch in ("encoder", "encoder_decoder"):
+        total += cfg.n_layers * block + norm
+    if cfg.arch == "decoder":
+        total += cfg.n_layers * block + norm
+    if cfg.arch == "encoder_decoder":
+        total += cfg.decoder_layers * (block + attention + norm) + norm
+    return total
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder_decoder"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        dict(mlp="swiglu", norm="rmsnorm", bias=False, positions="rope"),
+        dict(positions="sinusoidal"),
+        dict(norm_position="post", bias=False),
+    ],
+)
+def test_parameter_count_matches_closed_form(arch, variant) -> None:
+    extra = {"n_decoder_layers": 3} if arch == "encoder_decoder" else {}
+    cfg = SMALL.with_(arch=arch, **variant, **extra)
+    assert Transformer(cfg).num_parameters() == closed_form_parameters(cfg)
+
+
+def test_tied_embeddings_are_one_tensor() -> None:
+    model = model_of(arch="decoder")
+    vocab_shaped = [n for n, p in model.named_parameters() if p.shape == (300, 32)]
+    assert vocab_shaped == ["embed.weight"]
+    hidden = model(ids(5))
+    model.lm_logits(hidden[:, -1]).sum().backward()
+    assert model.embed.weight.grad is not None and model.embed.weight.grad.abs().sum() > 0
+
+
+def test_presets_have_the_papers_shapes() -> None:
+    bert = ModelConfig(arch="encoder", vocab_size=30522, **PRESETS["bert-base"])
+    # BERT-base's 110M also counts segment embeddings, the pooler and the MLM head transform
+    assert Transformer(bert).num_parameters() == pytest.approx(108.9e6, rel=0.005)
+    gpt = ModelConfig(arch="decoder", vocab_size=40478, **PRESETS["gpt1"])
+    assert Transformer(gpt).num_parameters() == pytest.approx(116.5e6, rel=0.01)
+
+
+def test_config_rejects_conflicts() -> None:
+    with pytest.raises(ValueError, match="divisible by n_heads"):
+        ModelConfig(d_model=30, n_heads=4)
+    with pytest.raises(ValueError, match="encoder_decoder only"):
+        ModelConfig(arch="decoder", n_decoder_layers=2)
+    with pytest.raises(ValueError, match="exceeds max_len=16"):
+        model_of(arch="decoder")(ids(1, length=17))

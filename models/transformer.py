@@ -7,7 +7,9 @@ head; `lm_logits` takes hidden states already gathered at the positions that nee
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -252,3 +254,14 @@ class Transformer(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def load_pretrained(directory: str | Path) -> tuple[Transformer, dict]:
+    """A model exported by `pretrain` (`config.json` + `model.safetensors`; no pickle) and its config."""
+    from safetensors.torch import load_model
+
+    directory = Path(directory)
+    config = json.loads((directory / "config.json").read_text())
+    model = Transformer(ModelConfig(**config["model"]))
+    load_model(model, str(directory / "model.safetensors"))
+    return model, config

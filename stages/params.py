@@ -6,12 +6,14 @@ the stage before any work, with one line naming the dotted key, the value and wh
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from models.config import PRESETS
 from stages.common import StageError
 
 PARAMS_FILE = Path("params.yaml")
@@ -153,6 +155,102 @@ class PackParams(Strict):
     batch_documents: int = Field(128, ge=1, description="documents per encode task")
 
 
+class ModelParams(Strict):
+    """A named model variant: architecture, objective, a size preset and any overrides of it."""
+
+    arch: Literal["encoder", "decoder", "encoder_decoder"]
+    objective: Literal["mlm", "clm", "span"]
+    preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
+    d_model: int | None = Field(None, ge=8)
+    n_layers: int | None = Field(None, ge=1)
+    n_decoder_layers: int | None = Field(None, ge=1)
+    n_heads: int | None = Field(None, ge=1)
+    d_ff: int | None = Field(None, ge=1)
+    max_len: int | None = Field(None, ge=8)
+    dropout: float | None = Field(None, ge=0.0, lt=1.0)
+    mlp: Literal["gelu", "swiglu"] | None = None
+    norm: Literal["layernorm", "rmsnorm"] | None = None
+    norm_position: Literal["pre", "post"] | None = None
+    positions: Literal["learned", "sinusoidal", "rope"] | None = None
+    bias: bool | None = None
+
+    @model_validator(mode="after")
+    def _objective_fits_arch(self) -> ModelParams:
+        expected = {"encoder": "mlm", "decoder": "clm", "encoder_decoder": "span"}[self.arch]
+        if self.objective != expected:
+            raise ValueError(
+                f"objective '{self.objective}' does not fit arch '{self.arch}' (use '{expected}')"
+            )
+        return self
+
+    def config_fields(self) -> dict[str, Any]:
+        """Preset values overridden by what this variant sets."""
+        overrides = self.model_dump(exclude={"arch", "objective", "preset"}, exclude_none=True)
+        return {**PRESETS[self.preset], **overrides}
+
+
+class MLMParams(Strict):
+    mask_rate: float = Field(0.15, gt=0.0, lt=1.0)
+    mask_fraction: Fraction = 0.8
+    random_fraction: Fraction = 0.1
+
+    @model_validator(mode="after")
+    def _split(self) -> MLMParams:
+        if self.mask_fraction + self.random_fraction > 1.0:
+            raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
+        return self
+
+
+class CLMParams(Strict):
+    """Next-token prediction has no knobs; the section exists so DVC can depend on it like the others."""
+
+
+class SpanParams(Strict):
+    noise_density: float = Field(0.15, gt=0.0, lt=1.0)
+    mean_span_length: float = Field(3.0, ge=1.0)
+
+
+class ObjectivesParams(Strict):
+    mlm: MLMParams = MLMParams()
+    clm: CLMParams = CLMParams()
+    span: SpanParams = SpanParams()
+
+
+class PretrainParams(Strict):
+    seq_len: int = Field(128, ge=8)
+    batch_size: int = Field(16, ge=1)
+    max_steps: int = Field(200, ge=1)
+    max_minutes: float | None = Field(None, gt=0, description="wall-clock budget; stops early if reached")
+    accumulate: int = Field(1, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: Fraction = 0.1
+    weight_decay: float = Field(0.01, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.98, ge=0, lt=1)
+    grad_clip: float = Field(1.0, ge=0, description="0 = no clipping")
+    sampling: Literal["random", "epoch"] = "random"
+    num_workers: int = Field(0, ge=0)
+    val_every: int = Field(50, ge=1)
+    val_batches: int = Field(4, ge=1)
+    checkpoint_every: int = Field(100, ge=1)
+    log_every: int = Field(10, ge=1)
+    precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
+    accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
+    devices: int | Literal["auto"] = 1
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
+    compile: bool = False
+
+    @model_validator(mode="after")
+    def _steps(self) -> PretrainParams:
+        if self.warmup_steps > self.max_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be <= max_steps ({self.max_steps})")
+        if self.precision == "16-mixed" and self.accelerator == "cpu":
+            raise ValueError("precision 16-mixed needs a GPU; use bf16-mixed on the CPU")
+        return self
+
+
 class TrackingParams(Strict):
     experiment: str = Field("lmpipe", min_length=1)
 
@@ -165,6 +263,27 @@ class Params(Strict):
     clean: CleanParams = CleanParams()
     tokenizer: TokenizerParams = TokenizerParams()
     pack: PackParams = PackParams()
+    models: dict[str, ModelParams] = {}
+    objectives: ObjectivesParams = ObjectivesParams()
+    pretrain: PretrainParams = PretrainParams()
+
+    @model_validator(mode="after")
+    def _models_fit_sequences(self) -> Params:
+        for name, variant in self.models.items():
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"models.{name}: model names may use letters, digits, '_' and '-'")
+            fields = variant.config_fields()
+            if fields["max_len"] < self.pretrain.seq_len:
+                raise ValueError(
+                    f"models.{name}.max_len ({fields['max_len']}) is shorter than "
+                    f"pretrain.seq_len ({self.pretrain.seq_len})"
+                )
+            if fields["d_model"] % fields["n_heads"]:
+                raise ValueError(
+                    f"models.{name}: d_model ({fields['d_model']}) must be divisible by "
+                    f"n_heads ({fields['n_heads']})"
+                )
+        return self
 
 
 def _describe(error: dict[str, Any]) -> str:

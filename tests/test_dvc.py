@@ -1,5 +1,5 @@
-"""The data half of the graph through real DVC in a real git repo: repro, no-op repro, partial re-runs,
-`dvc exp run`, and one MLflow run per stage execution in the default embedded store."""
+"""The data stages through real DVC in a real git repo: repro, no-op repro, partial re-runs, `dvc exp
+run`, and one MLflow run per stage execution in the default embedded store."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in PROJECT_FILES:
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, path / name)
-    shutil.copytree(ROOT / "stages", path / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("stages", "models"):
+        shutil.copytree(ROOT / package, path / package, ignore=shutil.ignore_patterns("__pycache__"))
     sh(path, "git", "init", "-q", "-b", "main")
     sh(path, "git", "add", "-A")
     sh(path, "git", "commit", "-qm", "pipeline")
@@ -45,19 +46,19 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_repro_then_nothing_then_only_what_changed(repo: Path) -> None:
-    first = sh(repo, "dvc", "repro")
+    first = sh(repo, "dvc", "repro", "pack")
     assert stages_run(first) == ["sample", "ingest", "clean", "tokenizer", "pack"]
     meta = json.loads((repo / "data/tokens/meta.json").read_text())
     assert meta["synthetic"] is True and meta["train"]["tokens"] > 50_000
 
-    second = sh(repo, "dvc", "repro")
+    second = sh(repo, "dvc", "repro", "pack")
     assert stages_run(second) == []
     assert "Data and pipelines are up to date." in second
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["clean"]["min_words"] = 60
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    third = sh(repo, "dvc", "repro")
+    third = sh(repo, "dvc", "repro", "pack")
     assert stages_run(third) == ["clean", "tokenizer", "pack"]
     report = json.loads((repo / "metrics/clean.json").read_text())
     assert report["dropped"]["too_few_words"] > 0
@@ -85,7 +86,7 @@ def test_every_stage_execution_is_an_mlflow_run(repo: Path) -> None:
 
 
 def test_dvc_experiment_with_a_param_override(repo: Path) -> None:
-    out = sh(repo, "dvc", "exp", "run", "-n", "fewer-words", "-S", "clean.min_words=20")
+    out = sh(repo, "dvc", "exp", "run", "-n", "fewer-words", "-S", "clean.min_words=20", "pack")
     assert stages_run(out) == ["clean", "tokenizer", "pack"]
     shown = json.loads(sh(repo, "dvc", "exp", "show", "--json", "--no-fetch"))
     experiments = [e for rev in shown for e in (rev.get("experiments") or [])]

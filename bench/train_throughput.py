@@ -1,0 +1,173 @@
+"""Training throughput: our models vs the Hugging Face transformers references with identical sizes.
+
+    python bench/train_throughput.py [--steps 10] [--warmup 3]
+
+For each objective (MLM: BertForMaskedLM, CLM: GPT2LMHeadModel, span: T5ForConditionalGeneration) one
+fwd+bwd+AdamW step on the same batch, alternating ours and the reference in one process, the median of
+the timed steps after warm-up; then each model's peak memory in a child process of its own.
+Prints one JSON line per objective. Not a test: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.objectives import batch_generator  # noqa: E402
+
+from models.config import ModelConfig  # noqa: E402
+from models.lightning import PretrainModule, TrainConfig, make_batch  # noqa: E402
+
+V, D, LAYERS, HEADS, FF, SEQ, BATCH = 16000, 256, 4, 4, 1024, 128, 16
+ARCH = {"mlm": "encoder", "clm": "decoder", "span": "encoder_decoder"}
+
+
+def batch_for(objective: str) -> dict[str, torch.Tensor]:
+    cfg = TrainConfig(objective=objective, seq_len=SEQ, batch_size=BATCH)
+    g = batch_generator(0, 0)
+    rows = torch.randint(107, V, (BATCH, cfg.row_length()), generator=g)
+    return make_batch(rows, cfg, g, V)
+
+
+def ours(objective: str):
+    cfg = ModelConfig(
+        arch=ARCH[objective],
+        vocab_size=V,
+        d_model=D,
+        n_layers=LAYERS,
+        n_heads=HEADS,
+        d_ff=FF,
+        max_len=SEQ,
+        bias=True,
+    )
+    module = PretrainModule(cfg.to_dict(), TrainConfig(objective=objective, seq_len=SEQ).__dict__)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
+
+    def step(batch: dict[str, torch.Tensor]) -> float:
+        loss, _, _ = module.loss(batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss)
+
+    return step
+
+
+def reference(objective: str):
+    import transformers as tf
+
+    if objective == "mlm":
+        model = tf.BertForMaskedLM(
+            tf.BertConfig(
+                vocab_size=V,
+                hidden_size=D,
+                num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS,
+                intermediate_size=FF,
+                max_position_embeddings=SEQ,
+            )
+        )
+    elif objective == "clm":
+        model = tf.GPT2LMHeadModel(
+            tf.GPT2Config(vocab_size=V, n_embd=D, n_layer=LAYERS, n_head=HEADS, n_inner=FF, n_positions=SEQ)
+        )
+    else:
+        model = tf.T5ForConditionalGeneration(
+            tf.T5Config(
+                vocab_size=V,
+                d_model=D,
+                d_ff=FF,
+                num_layers=LAYERS,
+                num_decoder_layers=LAYERS,
+                num_heads=HEADS,
+                d_kv=D // HEADS,
+            )
+        )
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(batch: dict[str, torch.Tensor]) -> float:
+        ids = batch["input_ids"]
+        if objective == "mlm":
+            labels = torch.full(ids.shape, -100, dtype=torch.long)
+            labels.view(-1)[batch["positions"]] = batch["labels"]
+            loss = model(input_ids=ids, labels=labels).loss
+        elif objective == "clm":
+            loss = model(input_ids=ids, labels=ids).loss  # GPT-2 shifts the labels itself
+        else:
+            loss = model(input_ids=ids, labels=batch["labels"]).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss)
+
+    return step
+
+
+def peak_memory_mb(kind: str, objective: str, queue: multiprocessing.Queue) -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    step = (ours if kind == "ours" else reference)(objective)
+    batch = batch_for(objective)
+    for _ in range(3):
+        step(batch)
+    queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+
+
+def measure_memory(kind: str, objective: str) -> float:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=peak_memory_mb, args=(kind, objective, queue))
+    process.start()
+    value = queue.get(timeout=600)
+    process.join()
+    return round(value, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--objectives", nargs="+", default=["mlm", "clm", "span"])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    for objective in args.objectives:
+        batch = batch_for(objective)
+        tokens = batch["input_ids"].numel()
+        steps = {"ours": ours(objective), "ref": reference(objective)}
+        times: dict[str, list[float]] = {"ours": [], "ref": []}
+        for i in range(args.warmup + args.steps):
+            for name, step in steps.items():
+                start = time.perf_counter()
+                step(batch)
+                if i >= args.warmup:
+                    times[name].append(time.perf_counter() - start)
+        ours_tps = tokens / statistics.median(times["ours"])
+        ref_tps = tokens / statistics.median(times["ref"])
+        print(
+            json.dumps(
+                {
+                    "objective": objective,
+                    "ours_tokens_per_s": round(ours_tps),
+                    "ref_tokens_per_s": round(ref_tps),
+                    "ratio": round(ours_tps / ref_tps, 2),
+                    "threads": torch.get_num_threads(),
+                    "ours_peak_mb": measure_memory("ours", objective),
+                    "ref_peak_mb": measure_memory("ref", objective),
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

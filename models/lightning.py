@@ -1,0 +1,303 @@
+"""Lightning module and data for pretraining: batches are a pure function of (seed, micro-step, rank,
+worker), so a resumed run sees exactly the batches and masks it would have seen."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import grad_norm
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from models.config import ModelConfig
+from models.objectives import (
+    SpecialIds,
+    batch_generator,
+    causal_lm_batch,
+    mask_tokens,
+    span_corrupt,
+    span_corruption_lengths,
+)
+from models.transformer import Transformer
+
+Objective = Literal["mlm", "clm", "span"]
+OBJECTIVE_OF_ARCH: dict[str, Objective] = {"encoder": "mlm", "decoder": "clm", "encoder_decoder": "span"}
+VAL_STEP_OFFSET = 2**40  # validation masks come from a stream no training step uses
+DROPOUT_STREAM = 2**41
+
+
+def derived_seed(*keys: int) -> int:
+    return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    objective: Objective
+    seq_len: int = 128
+    batch_size: int = 16
+    max_steps: int = 200
+    accumulate: int = 1
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.98
+    grad_clip: float = 1.0
+    seed: int = 1234
+    sampling: Literal["random", "epoch"] = "random"
+    val_batches: int = 4
+    mask_rate: float = 0.15
+    mask_fraction: float = 0.8
+    random_fraction: float = 0.1
+    noise_density: float = 0.15
+    mean_span_length: float = 3.0
+
+    def row_length(self) -> int:
+        """Tokens read per row: inputs plus the shifted target (CLM) or the raw span-corruption length."""
+        if self.objective == "clm":
+            return self.seq_len + 1
+        if self.objective == "span":
+            return span_corruption_lengths(self.seq_len, self.noise_density, self.mean_span_length)[0]
+        return self.seq_len
+
+
+def make_batch(
+    rows: Tensor, cfg: TrainConfig, generator: torch.Generator, vocab_size: int
+) -> dict[str, Tensor]:
+    if cfg.objective == "mlm":
+        masked = mask_tokens(
+            rows, generator, vocab_size, cfg.mask_rate, cfg.mask_fraction, cfg.random_fraction
+        )
+        return {"input_ids": masked.input_ids, "positions": masked.positions, "labels": masked.labels}
+    if cfg.objective == "clm":
+        inputs, targets = causal_lm_batch(rows)
+        return {"input_ids": inputs, "labels": targets}
+    spans = span_corrupt(rows, generator, cfg.noise_density, cfg.mean_span_length)
+    return {"input_ids": spans.input_ids, "labels": spans.target_ids}
+
+
+class PackedBatches(IterableDataset):
+    """Whole batches for micro-steps [start, stop) of one rank, read from a flat token file."""
+
+    def __init__(
+        self,
+        path: Path,
+        dtype: str,
+        cfg: TrainConfig,
+        vocab_size: int,
+        start: int,
+        stop: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.path, self.dtype, self.cfg, self.vocab_size = path, dtype, cfg, vocab_size
+        self.start, self.stop, self.rank, self.world_size = start, stop, rank, world_size
+        self._epoch_order: tuple[int, np.ndarray] | None = None
+
+    def tokens(self) -> np.ndarray:
+        return np.memmap(self.path, dtype=self.dtype, mode="r")
+
+    def offsets(self, step: int, generator: torch.Generator, n_tokens: int) -> np.ndarray:
+        length, batch = self.cfg.row_length(), self.cfg.batch_size
+        if self.cfg.sampling == "random":
+            return torch.randint(0, n_tokens - length + 1, (batch,), generator=generator).numpy()
+        n_rows = n_tokens // length
+        first = (step * self.world_size + self.rank) * batch
+        rows = np.empty(batch, dtype=np.int64)
+        for j, index in enumerate(range(first, first + batch)):
+            epoch = index // n_rows
+            if self._epoch_order is None or self._epoch_order[0] != epoch:
+                self._epoch_order = (epoch, np.random.default_rng([self.cfg.seed, epoch]).permutation(n_rows))
+            rows[j] = self._epoch_order[1][index % n_rows]
+        return rows * length
+
+    def batch(self, step: int, worker: int) -> dict[str, Tensor]:
+        tokens = self.tokens()
+        generator = batch_generator(self.cfg.seed, step, self.rank, worker)
+        length = self.cfg.row_length()
+        starts = self.offsets(step, generator, len(tokens))
+        rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
+        return make_batch(rows, self.cfg, generator, self.vocab_size)
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        info = get_worker_info()
+        worker, n_workers = (info.id, info.num_workers) if info else (0, 1)
+        # DataLoader takes items from its workers in turn, so the global order stays start, start+1, ...
+        for step in range(self.start + worker, self.stop, n_workers):
+            yield self.batch(step, worker)
+
+
+def validation_batches(path: Path, dtype: str, cfg: TrainConfig, vocab_size: int) -> list[dict[str, Tensor]]:
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    length = cfg.row_length()
+    n_rows = len(tokens) // length
+    if n_rows == 0:
+        raise ValueError(f"{path}: {len(tokens)} tokens, fewer than one row of {length}")
+    batches = []
+    for i in range(cfg.val_batches):
+        index = [(i * cfg.batch_size + j) % n_rows for j in range(cfg.batch_size)]
+        rows = torch.from_numpy(
+            np.stack([tokens[r * length : (r + 1) * length] for r in index]).astype(np.int64)
+        )
+        batches.append(make_batch(rows, cfg, batch_generator(cfg.seed, VAL_STEP_OFFSET + i), vocab_size))
+    return batches
+
+
+class TokenDataModule(L.LightningDataModule):
+    def __init__(
+        self, tokens_dir: Path, cfg: TrainConfig, vocab_size: int, dtype: str, num_workers: int = 0
+    ) -> None:
+        super().__init__()
+        self.tokens_dir, self.cfg, self.vocab_size, self.dtype = tokens_dir, cfg, vocab_size, dtype
+        self.num_workers = num_workers
+
+    def train_dataloader(self) -> DataLoader:
+        # called after a checkpoint is restored: start where the restored run stopped
+        start = self.trainer.global_step * self.cfg.accumulate
+        stop = self.cfg.max_steps * self.cfg.accumulate
+        data = PackedBatches(
+            self.tokens_dir / "train.bin",
+            self.dtype,
+            self.cfg,
+            self.vocab_size,
+            start,
+            stop,
+            self.trainer.global_rank,
+            self.trainer.world_size,
+        )
+        return DataLoader(
+            data, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        batches = validation_batches(self.tokens_dir / "val.bin", self.dtype, self.cfg, self.vocab_size)
+        return DataLoader(batches, batch_size=None)
+
+
+class NonFiniteLoss(RuntimeError):
+    def __init__(self, step: int, value: float) -> None:
+        super().__init__(f"loss became {value} at step {step}")
+        self.step, self.value = step, value
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine or linear decay to `min_lr_ratio` at `max_steps`."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
+
+
+class PretrainModule(L.LightningModule):
+    def __init__(self, model: dict[str, Any], train: dict[str, Any], compile: bool = False) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_cfg = ModelConfig(**model)
+        self.cfg = TrainConfig(**train)
+        self.model = Transformer(self.model_cfg)
+        self.compile = compile
+        self.special = SpecialIds()
+        self.history: list[dict[str, float]] = []
+        self._last_log: tuple[float, int] | None = None
+
+    def configure_model(self) -> None:
+        if self.compile:
+            self.model = torch.compile(self.model)
+
+    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
+        """Cross-entropy, correct predictions and the number of predicted tokens."""
+        ids, labels = batch["input_ids"], batch["labels"]
+        net = self.model
+        if self.cfg.objective == "mlm":
+            hidden = net(ids)
+            # LM head and loss only where a token was selected: the main speed lever at small sizes
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["positions"])
+            logits = self.model_lm_logits(hidden)
+        elif self.cfg.objective == "clm":
+            logits = self.model_lm_logits(net(ids)).flatten(0, 1)
+            labels = labels.flatten()
+        else:
+            start = torch.full_like(labels[:, :1], self.special.bos)
+            decoder_ids = torch.cat([start, labels[:, :-1]], dim=1)
+            logits = self.model_lm_logits(net(ids, decoder_ids=decoder_ids)).flatten(0, 1)
+            labels = labels.flatten()
+        loss = F.cross_entropy(logits.float(), labels)
+        correct = (logits.argmax(-1) == labels).sum()
+        return loss, correct, labels.numel()
+
+    def model_lm_logits(self, hidden: Tensor) -> Tensor:
+        return getattr(self.model, "_orig_mod", self.model).lm_logits(hidden)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # dropout draws from a stream fixed by the step, so a resumed run repeats it exactly
+        torch.manual_seed(derived_seed(self.cfg.seed, DROPOUT_STREAM, self.global_step, self.global_rank))
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss, correct, count = self.loss(batch)
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(self.global_step, loss.item())
+        self.log("train/loss", loss, prog_bar=True)
+        self.log(f"train/{self.cfg.objective}_accuracy", correct / count)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        now, step = time.perf_counter(), self.global_step
+        if self._last_log is not None and step > self._last_log[1]:
+            elapsed = now - self._last_log[0]
+            tokens = (step - self._last_log[1]) * self.cfg.accumulate * batch["input_ids"].numel()
+            self.log("train/tokens_per_s", tokens / elapsed * self.trainer.world_size)
+        self._last_log = (now, step)
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.history.append({"step": step, "train_loss": float(loss)})
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["loss_history"] = self.history
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.history = list(checkpoint.get("loss_history", []))
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.log("train/grad_norm", grad_norm(self.model, 2)["grad_2.0_norm_total"])
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        loss, correct, count = self.loss(batch)
+        self.log("val/loss", loss, batch_size=count)
+        self.log(f"val/{self.cfg.objective}_accuracy", correct / count, batch_size=count)
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.trainer.callback_metrics.get("val/loss")
+        if loss is not None and not self.trainer.sanity_checking:
+            # perplexities of different objectives are different quantities: named by objective
+            self.log(f"val/{self.cfg.objective}_perplexity", torch.exp(loss))
+            self.history.append({"step": self.global_step, "val_loss": float(loss)})
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            # no weight decay on norms, biases and embeddings
+            is_embedding = name.removeprefix("_orig_mod.").startswith(("embed.", "positions."))
+            (decay if param.ndim >= 2 and not is_embedding else no_decay).append(param)
+        groups = [
+            {"params": decay, "weight_decay": self.cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        kwargs = {"fused": True} if self.device.type in ("cuda", "cpu") else {"foreach": True}
+        optimizer = torch.optim.AdamW(
+            groups, lr=self.cfg.lr, betas=(self.cfg.beta1, self.cfg.beta2), **kwargs
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, self.cfg))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

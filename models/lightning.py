@@ -251,6 +251,7 @@ class PretrainModule(L.LightningModule):
         if not torch.isfinite(loss):
             raise NonFiniteLoss(self.global_step, loss.item())
         self.log("train/loss", loss, prog_bar=True)
+        self.history.append({"step": self.global_step, "train_loss": float(loss.detach())})
         self.log(f"train/{self.cfg.objective}_accuracy", correct / count)
         return loss
 
@@ -261,8 +262,6 @@ class PretrainModule(L.LightningModule):
             tokens = (step - self._last_log[1]) * self.cfg.accumulate * batch["input_ids"].numel()
             self.log("train/tokens_per_s", tokens / elapsed * self.trainer.world_size)
         self._last_log = (now, step)
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.history.append({"step": step, "train_loss": float(loss)})
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["loss_history"] = self.history

@@ -5,16 +5,22 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from stages import clean, ingest, pack, sample, tokenizer
+from stages import clean, ingest, pack, pretrain, sample, tokenizer
 from tests.conftest import Workdir
 
 STAGES = {"sample": sample, "ingest": ingest, "clean": clean, "tokenizer": tokenizer, "pack": pack}
 
 
 def run_stages(workdir: Workdir, *names: str) -> None:
+    """Data stages by name; "pretrain", "<model>" pretrains that model."""
     with contextlib.chdir(workdir.path):
-        for name in names:
-            STAGES[name].main()
+        queue = list(names)
+        while queue:
+            name = queue.pop(0)
+            if name == "pretrain":
+                pretrain.main([queue.pop(0)])
+            else:
+                STAGES[name].main()
 
 
 def prepared(path: Path, corpus_dir: Path | None, **overrides: object) -> Workdir:

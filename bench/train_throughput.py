@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import resource
 import statistics
 import sys
 import time
@@ -23,10 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.objectives import batch_generator  # noqa: E402
-
 from models.config import ModelConfig  # noqa: E402
 from models.lightning import PretrainModule, TrainConfig, make_batch  # noqa: E402
+from models.objectives import batch_generator  # noqa: E402
 
 V, D, LAYERS, HEADS, FF, SEQ, BATCH = 16000, 256, 4, 4, 1024, 128, 16
 ARCH = {"mlm": "encoder", "clm": "decoder", "span": "encoder_decoder"}
@@ -91,6 +89,9 @@ def reference(objective: str):
                 num_decoder_layers=LAYERS,
                 num_heads=HEADS,
                 d_kv=D // HEADS,
+                decoder_start_token_id=0,
+                pad_token_id=0,
+                eos_token_id=3,
             )
         )
     model.train()
@@ -114,13 +115,21 @@ def reference(objective: str):
     return step
 
 
+def _status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def peak_memory_mb(kind: str, objective: str, queue: multiprocessing.Queue) -> None:
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """Peak resident memory added by building the model and taking three training steps."""
+    before = _status_mb("VmRSS")  # VmHWM, unlike ru_maxrss, starts afresh in a new process image
     step = (ours if kind == "ours" else reference)(objective)
     batch = batch_for(objective)
     for _ in range(3):
         step(batch)
-    queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+    queue.put(_status_mb("VmHWM") - before)
 
 
 def measure_memory(kind: str, objective: str) -> float:

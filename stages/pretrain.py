@@ -66,8 +66,11 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def prepare_resume(resume_dir: Path, run_fingerprint: str) -> Path | None:
+def prepare_resume(resume_dir: Path, run_fingerprint: str, is_rank_zero: bool) -> Path | None:
+    """The checkpoint to resume from, if one of the same run is there; else a clean directory."""
     stamp = resume_dir / "fingerprint"
+    if not is_rank_zero:
+        return resume_dir / "last.ckpt" if stamp.exists() and (resume_dir / "last.ckpt").exists() else None
     if resume_dir.exists() and (not stamp.exists() or stamp.read_text() != run_fingerprint):
         log.info("pretrain: settings changed since the last checkpoint; starting afresh")
         shutil.rmtree(resume_dir)
@@ -77,10 +80,10 @@ def prepare_resume(resume_dir: Path, run_fingerprint: str) -> Path | None:
     return last if last.exists() else None
 
 
-def mlflow_logger(
-    params: Params, name: str, variant: Any, resume_dir: Path, resuming: bool, tags: dict
-) -> Any:
+def mlflow_logger(params: Params, name: str, resume_dir: Path, resuming: bool, tags: dict) -> Any:
+    """Lightning's MLflow logger; a resumed run goes on logging into the run it started."""
     from lightning.pytorch.loggers import MLFlowLogger
+    from lightning.pytorch.utilities import rank_zero_only
 
     run_file = resume_dir / "mlflow_run_id"
     run_id = run_file.read_text().strip() if resuming and run_file.exists() else None
@@ -91,7 +94,8 @@ def mlflow_logger(
         tags=None if run_id else tags,
         run_id=run_id,
     )
-    run_file.write_text(logger.run_id)
+    if rank_zero_only.rank == 0:  # only rank 0 has a run (DDP/FSDP start one process per device)
+        run_file.write_text(logger.run_id)
     return logger
 
 
@@ -145,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
         meta["tokenizer_sha256"],
         meta["train"],
     )
-    ckpt = prepare_resume(resume_dir, run_fingerprint)
+    from lightning.pytorch.utilities import rank_zero_only
+
+    ckpt = prepare_resume(resume_dir, run_fingerprint, rank_zero_only.rank == 0)
     tags = {
         "stage": "pretrain",
         "model": name,
@@ -159,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
     if os.environ.get(PARENT_RUN_ENV):
         tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
-    logger = mlflow_logger(params, name, variant, resume_dir, ckpt is not None, tags)
+    logger = mlflow_logger(params, name, resume_dir, ckpt is not None, tags)
     if ckpt is None:
         logger.log_hyperparams(
             flatten(

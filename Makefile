@@ -28,6 +28,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/data_throughput.py
+	$(BIN)/python bench/train_throughput.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -294,7 +294,9 @@ class PretrainModule(L.LightningModule):
             {"params": decay, "weight_decay": self.cfg.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        kwargs = {"fused": True} if self.device.type in ("cuda", "cpu") else {"foreach": True}
+        # Lightning refuses to clip the gradients of a fused optimizer under mixed precision
+        mixed = str(self.trainer.precision).endswith("mixed")
+        kwargs = {"foreach": True} if mixed or self.device.type not in ("cuda", "cpu") else {"fused": True}
         optimizer = torch.optim.AdamW(
             groups, lr=self.cfg.lr, betas=(self.cfg.beta1, self.cfg.beta2), **kwargs
         )

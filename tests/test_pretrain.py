@@ -205,3 +205,77 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pip
     saved = torch.load(sample_pipeline.path / "checkpoints/decoder_clm/resume/last.ckpt", weights_only=False)
     assert saved["global_step"] <= step
     assert all(math.isfinite(entry["train_loss"]) for entry in saved["loss_history"])
+
+
+def test_ddp_on_two_cpu_processes_with_bf16(sample_pipeline: Workdir) -> None:
+    """The GPU settings on the CPU: two DDP processes (gloo), bf16 autocast; one export, one MLflow run."""
+    sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
+    original = dict(sample_pipeline.params["pretrain"])
+    sample_pipeline.params["pretrain"].update(
+        {
+            "max_steps": 10,
+            "warmup_steps": 0,
+            "val_every": 5,
+            "checkpoint_every": 5,
+            "strategy": "ddp",
+            "devices": 2,
+            "precision": "bf16-mixed",
+        }
+    )
+    sample_pipeline.write_params()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "stages.pretrain", "decoder_clm"],
+            cwd=sample_pipeline.path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        sample_pipeline.params["pretrain"] = original
+        sample_pipeline.write_params()
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((sample_pipeline.path / "metrics/pretrain/decoder_clm.json").read_text())
+    assert summary["steps"] == 10 and summary["tokens_seen"] == 10 * 16 * 128 * 2
+    assert math.isfinite(summary["val_loss"])
+    model, config = load_pretrained(sample_pipeline.path / "checkpoints/decoder_clm/final")
+    assert config["steps"] == 10
+
+
+@pytest.mark.parametrize("sampling", ["random", "epoch"])
+def test_batches_are_a_function_of_the_step(tmp_path: Path, sampling: str) -> None:
+    from models.lightning import PackedBatches, TrainConfig
+
+    tokens = np.arange(107, 107 + 64 * 9, dtype=np.uint16)  # 64 rows of 9 tokens (CLM, seq_len 8)
+    tokens.tofile(tmp_path / "train.bin")
+    cfg = TrainConfig(objective="clm", seq_len=8, batch_size=4, sampling=sampling, seed=5)
+    whole = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, start=0, stop=32))
+    resumed = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, start=20, stop=32))
+    for a, b in zip(whole[20:], resumed, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+    other_rank = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, 0, 32, rank=1, world_size=2))
+    assert not torch.equal(whole[0]["input_ids"], other_rank[0]["input_ids"])
+    if sampling == "epoch":  # 16 steps of 4 rows visit each of the 64 rows once per epoch
+        firsts = [int(row[0]) for batch in whole[:16] for row in batch["input_ids"]]
+        assert sorted(firsts) == [107 + 9 * r for r in range(64)]
+
+
+def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdir) -> None:
+    sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
+    original = dict(sample_pipeline.params["pretrain"])
+    sample_pipeline.params["pretrain"].update(
+        {"max_steps": 100_000, "max_minutes": 0.05, "val_every": 10_000}
+    )
+    sample_pipeline.write_params()
+    try:
+        run_stages(sample_pipeline, "pretrain", "decoder_clm")
+    finally:
+        sample_pipeline.params["pretrain"] = original
+        sample_pipeline.write_params()
+    summary = json.loads((sample_pipeline.path / "metrics/pretrain/decoder_clm.json").read_text())
+    assert summary["stopped_by"] == "max_minutes" and 0 < summary["steps"] < 100_000
+    assert (
+        json.loads((sample_pipeline.path / "checkpoints/decoder_clm/final/config.json").read_text())["steps"]
+        == summary["steps"]
+    )

@@ -26,6 +26,7 @@ from stages.params import Params, load_params
 from stages.tracking import DEFAULT_TRACKING_URI, PARENT_RUN_ENV, flatten, git_commit
 
 TOKENS = Path("data/tokens")
+MODEL_CODE = Path(__file__).resolve().parents[1] / "models"
 
 
 def configs(params: Params, name: str, vocab_size: int) -> tuple[Any, Any]:
@@ -62,8 +63,12 @@ def configs(params: Params, name: str, vocab_size: int) -> tuple[Any, Any]:
 
 
 def fingerprint(*parts: Any) -> str:
-    """What a checkpoint must match to be resumed: everything that shapes the run's trajectory."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    """What a checkpoint must match to be resumed: everything that shapes the run's trajectory,
+    the code included (a fixed bug must not be resumed around)."""
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
+    for source in sorted(MODEL_CODE.glob("*.py")) + [Path(__file__)]:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
 
 
 def prepare_resume(resume_dir: Path, run_fingerprint: str, is_rank_zero: bool) -> Path | None:

@@ -216,7 +216,7 @@ class PretrainModule(L.LightningModule):
 
     def configure_model(self) -> None:
         if self.compile:
-            self.model = torch.compile(self.model)
+            self.model.compile()  # in place: parameter names and the state dict stay as they are
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
         """Cross-entropy, correct predictions and the number of predicted tokens."""
@@ -226,21 +226,18 @@ class PretrainModule(L.LightningModule):
             hidden = net(ids)
             # LM head and loss only where a token was selected: the main speed lever at small sizes
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["positions"])
-            logits = self.model_lm_logits(hidden)
+            logits = self.model.lm_logits(hidden)
         elif self.cfg.objective == "clm":
-            logits = self.model_lm_logits(net(ids)).flatten(0, 1)
+            logits = self.model.lm_logits(net(ids)).flatten(0, 1)
             labels = labels.flatten()
         else:
             start = torch.full_like(labels[:, :1], self.special.bos)
             decoder_ids = torch.cat([start, labels[:, :-1]], dim=1)
-            logits = self.model_lm_logits(net(ids, decoder_ids=decoder_ids)).flatten(0, 1)
+            logits = self.model.lm_logits(net(ids, decoder_ids=decoder_ids)).flatten(0, 1)
             labels = labels.flatten()
         loss = F.cross_entropy(logits.float(), labels)
         correct = (logits.argmax(-1) == labels).sum()
         return loss, correct, labels.numel()
-
-    def model_lm_logits(self, hidden: Tensor) -> Tensor:
-        return getattr(self.model, "_orig_mod", self.model).lm_logits(hidden)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # dropout draws from a stream fixed by the step, so a resumed run repeats it exactly
@@ -288,7 +285,7 @@ class PretrainModule(L.LightningModule):
         decay, no_decay = [], []
         for name, param in self.model.named_parameters():
             # no weight decay on norms, biases and embeddings
-            is_embedding = name.removeprefix("_orig_mod.").startswith(("embed.", "positions."))
+            is_embedding = name.startswith(("embed.", "positions."))
             (decay if param.ndim >= 2 and not is_embedding else no_decay).append(param)
         groups = [
             {"params": decay, "weight_decay": self.cfg.weight_decay},

@@ -279,3 +279,17 @@ def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdi
         json.loads((sample_pipeline.path / "checkpoints/decoder_clm/final/config.json").read_text())["steps"]
         == summary["steps"]
     )
+
+
+def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
+    sample_pipeline.set("models", {"encoder_mlm": MODELS["encoder_mlm"]})
+    original = dict(sample_pipeline.params["pretrain"])
+    sample_pipeline.params["pretrain"].update({"max_steps": 5, "warmup_steps": 0, "compile": True})
+    sample_pipeline.write_params()
+    try:
+        run_stages(sample_pipeline, "pretrain", "encoder_mlm")
+    finally:
+        sample_pipeline.params["pretrain"] = original
+        sample_pipeline.write_params()
+    model, config = load_pretrained(sample_pipeline.path / "checkpoints/encoder_mlm/final")
+    assert config["steps"] == 5 and model.num_parameters() > 0

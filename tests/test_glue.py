@@ -1,0 +1,95 @@
+"""The GLUE registry and the reader of the original TSV layout, on the real files in GLUE_DIR."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stages.common import StageError
+from stages.glue import TASKS, read_tsv, task
+
+OFFICIAL_ROWS = {
+    ("cola", "train"): 8551,
+    ("cola", "validation"): 1043,
+    ("sst2", "train"): 67349,
+    ("sst2", "validation"): 872,
+    ("mrpc", "train"): 3668,
+    ("mrpc", "validation"): 408,
+    ("stsb", "train"): 5749,
+    ("stsb", "validation"): 1500,
+    ("rte", "train"): 2490,
+    ("rte", "validation"): 277,
+    ("wnli", "train"): 635,
+    ("wnli", "validation"): 71,
+}
+
+
+@pytest.mark.parametrize(("name", "split"), list(OFFICIAL_ROWS))
+def test_real_files_have_the_official_row_counts(glue_dir: Path, name: str, split: str) -> None:
+    spec = TASKS[name]
+    frame = read_tsv(glue_dir / spec.folder / spec.splits[split], spec)
+    assert len(frame) == OFFICIAL_ROWS[(name, split)]
+    assert list(frame.columns) == ["idx", *spec.text_columns, "label"]
+    if spec.is_regression:
+        assert frame["label"].between(0, 5).all()
+    else:
+        assert set(frame["label"]) == set(range(len(spec.labels)))
+
+
+def test_exact_rows(glue_dir: Path) -> None:
+    mrpc = read_tsv(glue_dir / "MRPC/dev.tsv", TASKS["mrpc"])  # BOM header, unbalanced quotes
+    assert (
+        mrpc.iloc[0]["sentence2"]
+        == '"The foodservice pie business does not fit our long-term growth strategy.'
+    )
+    assert mrpc.iloc[0]["label"] == 1 and mrpc.iloc[1]["label"] == 0
+    cola = read_tsv(glue_dir / "CoLA/dev.tsv", TASKS["cola"])  # no header, no final newline
+    assert cola.iloc[0]["sentence"] == "The sailors rode the breeze clear of the rocks."
+    assert cola.iloc[-1]["idx"] == 1042
+    rte = read_tsv(glue_dir / "RTE/dev.tsv", TASKS["rte"])
+    assert rte.iloc[0]["label"] == TASKS["rte"].labels.index("not_entailment") == 1
+    stsb = read_tsv(glue_dir / "STS-B/dev.tsv", TASKS["stsb"])
+    assert stsb.iloc[1]["label"] == pytest.approx(4.75)
+    sst2 = read_tsv(glue_dir / "SST-2/dev.tsv", TASKS["sst2"])
+    assert sst2.iloc[0]["sentence"] == "it 's a charming and often affecting journey . "
+
+
+def test_registry() -> None:
+    assert len(TASKS) == 9
+    assert TASKS["mnli"].eval_splits == ["validation_matched", "validation_mismatched"]
+    assert TASKS["stsb"].is_regression and TASKS["stsb"].metrics == ("pearson", "spearmanr")
+    assert TASKS["cola"].metrics == ("matthews_correlation",)
+    with pytest.raises(
+        StageError, match="glue.tasks\\[0\\]: unknown GLUE task 'sst-5'; the tasks are: cola, sst2"
+    ):
+        task("sst-5", "glue.tasks[0]")
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_bad_tsv_input_is_named(tmp_path: Path) -> None:
+    rte = TASKS["rte"]
+    with pytest.raises(
+        StageError, match=r"missing column\(s\) sentence2, label; the header has: index, sentence1"
+    ):
+        read_tsv(write(tmp_path / "a.tsv", "index\tsentence1\n0\tA.\n"), rte)
+    with pytest.raises(StageError, match=r"b.tsv:3: label 'maybe' is not one of rte's labels"):
+        read_tsv(
+            write(
+                tmp_path / "b.tsv",
+                "index\tsentence1\tsentence2\tlabel\n0\tA.\tB.\tentailment\n1\tA.\tB.\tmaybe\n",
+            ),
+            rte,
+        )
+    with pytest.raises(StageError, match=r"c.tsv: no rows \(an empty split\)"):
+        read_tsv(write(tmp_path / "c.tsv", "index\tsentence1\tsentence2\tlabel\n"), rte)
+    with pytest.raises(StageError, match=r"d.tsv:2: 2 tab-separated fields, expected at least 4"):
+        read_tsv(write(tmp_path / "d.tsv", "gj04\t1\t\tFine.\ngj04\t1\n"), TASKS["cola"])
+    with pytest.raises(StageError, match=r"e.tsv:2: label 'high' is not a number"):
+        read_tsv(write(tmp_path / "e.tsv", "sentence1\tsentence2\tscore\nA.\tB.\thigh\n"), TASKS["stsb"])
+    with pytest.raises(StageError, match=r"missing \(expected the RTE folder"):
+        read_tsv(tmp_path / "nope.tsv", rte)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from models.config import PRESETS
 from stages.common import StageError
@@ -251,6 +251,32 @@ class PretrainParams(Strict):
         return self
 
 
+class GlueParams(Strict):
+    """Where GLUE comes from: the original TSV folders, the Hub, or `save_to_disk` folders."""
+
+    source: Literal["tsv", "hub", "disk"] = "tsv"
+    path: str | None = Field(None, description="tsv: the GLUE folder; disk: a folder of <task>/ datasets")
+    dataset: str = "nyu-mll/glue"
+    tasks: list[str] = Field(["sst2", "rte"], min_length=1)
+    synthetic: bool = False
+
+    @field_validator("tasks")
+    @classmethod
+    def _known(cls, tasks: list[str]) -> list[str]:
+        from stages.glue import TASKS
+
+        for i, name in enumerate(tasks):
+            if name not in TASKS:
+                raise ValueError(f"item {i}, '{name}', is not a GLUE task; the tasks are: {', '.join(TASKS)}")
+        return tasks
+
+    @model_validator(mode="after")
+    def _path(self) -> GlueParams:
+        if self.source != "hub" and not self.path:
+            raise ValueError(f"source '{self.source}' needs 'path'")
+        return self
+
+
 class TrackingParams(Strict):
     experiment: str = Field("lmpipe", min_length=1)
 
@@ -266,6 +292,7 @@ class Params(Strict):
     models: dict[str, ModelParams] = {}
     objectives: ObjectivesParams = ObjectivesParams()
     pretrain: PretrainParams = PretrainParams()
+    glue: GlueParams = GlueParams(path="data/sample/glue", synthetic=True)
 
     @model_validator(mode="after")
     def _models_fit_sequences(self) -> Params:

@@ -93,3 +93,69 @@ def test_bad_tsv_input_is_named(tmp_path: Path) -> None:
         read_tsv(write(tmp_path / "e.tsv", "sentence1\tsentence2\tscore\nA.\tB.\thigh\n"), TASKS["stsb"])
     with pytest.raises(StageError, match=r"missing \(expected the RTE folder"):
         read_tsv(tmp_path / "nope.tsv", rte)
+
+
+def prepare(workdir, **glue) -> dict:
+    import json
+
+    from stages import glue_prepare
+
+    workdir.set("glue", glue)
+    glue_prepare.main()
+    return json.loads((workdir.path / "data/glue/manifest.json").read_text())
+
+
+def test_prepare_from_the_real_tsv_folder(workdir, glue_dir: Path) -> None:
+    import pandas as pd
+
+    manifest = prepare(workdir, source="tsv", path=str(glue_dir), tasks=["cola", "mrpc", "stsb"])
+    assert manifest["rows"] == {
+        "cola": {"train": 8551, "validation": 1043},
+        "mrpc": {"train": 3668, "validation": 408},
+        "stsb": {"train": 5749, "validation": 1500},
+    }
+    assert manifest["synthetic"] is False
+    stsb = pd.read_parquet(workdir.path / "data/glue/stsb/validation.parquet")
+    assert (
+        list(stsb.columns) == ["idx", "sentence1", "sentence2", "label"] and stsb["label"].dtype == "float64"
+    )
+
+
+def test_prepare_from_a_save_to_disk_folder_as_the_hub_gives_it(workdir) -> None:
+    import datasets
+
+    rows = {
+        "sentence1": ["A man sleeps.", "It rains."],
+        "sentence2": ["Someone sleeps.", "It is dry."],
+        "label": [0, 1],
+        "idx": [0, 1],
+    }
+    features = datasets.Features(
+        {
+            "sentence1": datasets.Value("string"),
+            "sentence2": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["entailment", "not_entailment"]),
+            "idx": datasets.Value("int32"),
+        }
+    )
+    split = datasets.Dataset.from_dict(rows, features=features)
+    datasets.DatasetDict({"train": split, "validation": split}).save_to_disk(str(workdir.path / "hub/rte"))
+    manifest = prepare(workdir, source="disk", path="hub", tasks=["rte"])
+    assert manifest["rows"] == {"rte": {"train": 2, "validation": 2}}
+
+    bad = datasets.Dataset.from_dict({**rows, "label": [0, 7]})
+    datasets.DatasetDict({"train": bad, "validation": bad}).save_to_disk(str(workdir.path / "bad/rte"))
+    before = (workdir.path / "data/glue/rte/train.parquet").read_bytes()
+    with pytest.raises(StageError, match=r"rte/train from disk bad: row 1: label=7 fails isin\(\[0, 1\]\)"):
+        prepare(workdir, source="disk", path="bad", tasks=["rte"])
+    assert (workdir.path / "data/glue/rte/train.parquet").read_bytes() == before  # no partial output
+
+
+def test_unknown_task_in_params_is_one_line(workdir) -> None:
+    workdir.set("glue", {"source": "tsv", "path": "x", "tasks": ["rte", "sts"]})
+    result = workdir.run("glue_prepare")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: params.yaml: glue.tasks: item 1, 'sts', is not a GLUE task; the tasks are: "
+        "cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli"
+    )

@@ -1,0 +1,97 @@
+"""Stage `glue_prepare`: the GLUE tasks of `glue.tasks` -> `data/glue/<task>/<split>.parquet`.
+
+From the original TSV folders (download_glue_data.py layout), from the Hub (`nyu-mll/glue`), or from
+folders written by `DatasetDict.save_to_disk` (one per task). Every table is checked by a pandera
+schema of its task; labels use the Hub's ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from stages.common import StageError, atomic_dir, log, run_main, write_json
+from stages.glue import GlueTask, read_tsv
+from stages.glue import task as glue_task
+from stages.params import GlueParams, load_params
+from stages.schemas import glue_schema, validate
+from stages.tracking import stage_run
+
+OUT = Path("data/glue")
+
+
+def from_datasets(data: object, spec: GlueTask, where: str) -> dict[str, pd.DataFrame]:
+    import datasets
+
+    if not isinstance(data, datasets.DatasetDict):
+        raise StageError(f"{where}: expected a DatasetDict with splits {', '.join(spec.splits)}")
+    frames = {}
+    for split in spec.splits:
+        if split not in data:
+            raise StageError(f"{where}: no split '{split}'; its splits are: {', '.join(data)}")
+        table = data[split]
+        missing = [c for c in (*spec.text_columns, "label") if c not in table.column_names]
+        if missing:
+            raise StageError(
+                f"{where}/{split}: missing column(s) {', '.join(missing)}; "
+                f"its columns are: {', '.join(table.column_names)}"
+            )
+        frame = table.select_columns([*spec.text_columns, "label"]).to_pandas()
+        frame.insert(0, "idx", range(len(frame)))
+        frames[split] = frame.astype({"label": "float64" if spec.is_regression else "int64"})
+    return frames
+
+
+def read_task(cfg: GlueParams, spec: GlueTask) -> dict[str, pd.DataFrame]:
+    if cfg.source == "tsv":
+        folder = Path(cfg.path or "") / spec.folder
+        return {split: read_tsv(folder / name, spec) for split, name in spec.splits.items()}
+    import datasets
+
+    if cfg.source == "disk":
+        where = str(Path(cfg.path or "") / spec.name)
+        try:
+            data = datasets.load_from_disk(where)
+        except FileNotFoundError:
+            raise StageError(f"{where}: not a datasets save_to_disk folder (glue.path)") from None
+    else:
+        where = f"{cfg.dataset} ({spec.name})"
+        try:
+            data = datasets.load_dataset(cfg.dataset, spec.name)
+        except Exception as exc:  # offline, unknown dataset or config: datasets raises many types
+            raise StageError(
+                f"{where}: cannot load from the Hub: {str(exc).strip().splitlines()[0]}"
+            ) from None
+    return from_datasets(data, spec, where)
+
+
+def main() -> None:
+    params = load_params()
+    cfg = params.glue
+    specs = [glue_task(name, f"glue.tasks[{i}]") for i, name in enumerate(cfg.tasks)]
+    with stage_run(
+        "glue_prepare",
+        params.tracking.experiment,
+        {"glue": cfg.model_dump()},
+        {"data.synthetic": cfg.synthetic},
+    ) as run:
+        counts: dict[str, dict[str, int]] = {}
+        with atomic_dir(OUT) as tmp:
+            for spec in specs:
+                (tmp / spec.name).mkdir()
+                for split, frame in read_task(cfg, spec).items():
+                    where = f"{spec.name}/{split} from {cfg.source} {cfg.path or cfg.dataset}"
+                    validate(glue_schema(spec), frame, where).to_parquet(
+                        tmp / spec.name / f"{split}.parquet", index=False
+                    )
+                    counts.setdefault(spec.name, {})[split] = len(frame)
+            write_json(
+                tmp / "manifest.json", {"source": cfg.source, "synthetic": cfg.synthetic, "rows": counts}
+            )
+        run.log_metrics({"rows": counts})
+        log.info("glue_prepare: %s", ", ".join(f"{t} {r}" for t, r in counts.items()))
+
+
+if __name__ == "__main__":
+    run_main(main)

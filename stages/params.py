@@ -33,6 +33,8 @@ class SampleParams(Strict):
     max_sentences: int = Field(12, ge=1)
     files: int = Field(4, ge=1, le=1000)
     lexicon_size: int = Field(400, ge=20, le=100_000)
+    glue_train_rows: int = Field(400, ge=1, description="rows per synthetic GLUE task and split")
+    glue_dev_rows: int = Field(100, ge=1)
 
     @model_validator(mode="after")
     def _sentence_range(self) -> SampleParams:

@@ -1,7 +1,8 @@
-"""Stage `sample`: the deterministic synthetic corpus of the offline default profile.
+"""Stage `sample`: the deterministic synthetic data of the offline default profile.
 
-Writes `data/sample/corpus/part-*.txt` (documents separated by blank lines) and a manifest that marks
-everything as synthetic.
+Writes `data/sample/corpus/part-*.txt` (documents separated by blank lines), small GLUE-like tasks in
+the original GLUE TSV layout under `data/sample/glue/<Task>/{train,dev}.tsv`, and a manifest that
+marks everything as synthetic.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from stages.common import atomic_dir, log, run_main, write_json
 from stages.params import load_params
-from stages.synthetic import corpus
+from stages.synthetic import corpus, glue_files
 from stages.tracking import stage_run
 
 OUT = Path("data/sample")
@@ -31,6 +32,12 @@ def main() -> None:
             for part in range(cfg.files):
                 text = "\n\n".join(docs[part :: cfg.files]) + "\n"
                 (tmp / "corpus" / f"part-{part:03d}.txt").write_text(text, encoding="utf-8")
+            for folder, files in glue_files(
+                params.seed, cfg.lexicon_size, cfg.glue_train_rows, cfg.glue_dev_rows
+            ).items():
+                (tmp / "glue" / folder).mkdir(parents=True)
+                for name, text in files.items():
+                    (tmp / "glue" / folder / name).write_text(text, encoding="utf-8")
             chars = sum(map(len, docs))
             write_json(
                 tmp / "manifest.json",

@@ -101,3 +101,91 @@ def corpus(seed: int, documents: int, lexicon_size: int, min_sentences: int, max
         docs.append(" ".join(words))
     rng.shuffle(docs)
     return docs
+
+
+def glue_files(seed: int, lexicon_size: int, train_rows: int, dev_rows: int) -> dict[str, dict[str, str]]:
+    """Small GLUE-like tasks in the original TSV layout, with labels that follow from the generated
+    language (so they can be learned): folder -> file name -> contents."""
+    language = SyntheticLanguage(seed, lexicon_size)
+    lex = language.lexicon
+    rng = random.Random(f"glue-{seed}")
+    verbs = set(lex.verbs)
+
+    def topic() -> list[str]:
+        return rng.sample(lex.nouns, k=6)
+
+    def sentiment() -> tuple[str, int]:
+        label = rng.randrange(2)
+        adjectives = lex.positive if label else lex.negative
+        words = language.clause(rng, topic()).split()
+        nouns = [i for i, w in enumerate(words) if w.rstrip("s") in lex.nouns or w in lex.nouns]
+        for i in reversed(nouns):  # an adjective of the label's polarity before every noun
+            words.insert(i, rng.choice(adjectives))
+        return " ".join(
+            w for w in words if w not in lex.negative + lex.positive or w in adjectives
+        ) + " .", label
+
+    def acceptability() -> tuple[str, int]:
+        words = language.sentence(rng, topic()).split()
+        label = rng.randrange(2)
+        if not label:  # break the number agreement of the first verb
+            i = next(i for i, w in enumerate(words) if w in verbs or w[:-1] in verbs)
+            words[i] = words[i][:-1] if words[i] not in verbs else words[i] + "s"
+        return " ".join(words), label
+
+    def entailment() -> tuple[str, str, str]:
+        t = topic()
+        first, second = language.clause(rng, t), language.clause(rng, t)
+        premise = f"{first[0].upper()}{first[1:]} and {second}."
+        label = rng.randrange(2)
+        hypothesis = rng.choice((first, second)) if label == 0 else language.clause(rng, t)
+        return premise, f"{hypothesis[0].upper()}{hypothesis[1:]}.", ("entailment", "not_entailment")[label]
+
+    def similar() -> tuple[str, str, float]:
+        words = language.sentence(rng, topic()).split()
+        other = list(words)
+        for i in rng.sample(range(len(other)), k=rng.randrange(len(other) + 1)):
+            other[i] = rng.choice(lex.nouns)
+        overlap = len(set(words) & set(other)) / len(set(words) | set(other))
+        return " ".join(words), " ".join(other), round(5 * overlap, 3)
+
+    def paraphrase() -> tuple[str, str, int]:
+        first = language.sentence(rng, topic())
+        label = rng.randrange(2)
+        words = first.split()
+        if label:  # the same statement without its adjectives
+            second = " ".join(w for w in words if w.strip(".") not in lex.positive + lex.negative)
+        else:  # another object: a different statement
+            i = max(i for i, w in enumerate(words) if w.strip(".").rstrip("s") in lex.nouns)
+            words[i] = rng.choice(lex.nouns) + ("." if words[i].endswith(".") else "")
+            second = " ".join(words)
+        return first, second, label
+
+    files: dict[str, dict[str, str]] = {}
+    for split, rows in (("train", train_rows), ("dev", dev_rows)):
+        sst = [sentiment() for _ in range(rows)]
+        files.setdefault("SST-2", {})[f"{split}.tsv"] = "sentence\tlabel\n" + "".join(
+            f"{s} \t{y}\n" for s, y in sst
+        )
+        cola = [acceptability() for _ in range(rows)]
+        files.setdefault("CoLA", {})[f"{split}.tsv"] = "\n".join(
+            f"syn{i % 7:02d}\t{y}\t{'' if y else '*'}\t{s}" for i, (s, y) in enumerate(cola)
+        )
+        rte = [entailment() for _ in range(rows)]
+        files.setdefault("RTE", {})[f"{split}.tsv"] = "index\tsentence1\tsentence2\tlabel\n" + "".join(
+            f"{i}\t{p}\t{h}\t{y}\n" for i, (p, h, y) in enumerate(rte)
+        )
+        sts = [similar() for _ in range(rows)]
+        files.setdefault("STS-B", {})[f"{split}.tsv"] = (
+            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+            + "".join(
+                f"{i}\tsynthetic\tsample\t2026\t{i:04d}\tnone\tnone\t{a}\t{b}\t{y:.3f}\n"
+                for i, (a, b, y) in enumerate(sts)
+            )
+        )
+        mrpc = [paraphrase() for _ in range(rows)]
+        files.setdefault("MRPC", {})[f"{split}.tsv"] = (
+            "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+            + "".join(f"{y}\t{2 * i}\t{2 * i + 1}\t{a}\t{b}\n" for i, (a, b, y) in enumerate(mrpc))
+        )
+    return files

@@ -159,3 +159,26 @@ def test_unknown_task_in_params_is_one_line(workdir) -> None:
         "error: params.yaml: glue.tasks: item 1, 'sts', is not a GLUE task; the tasks are: "
         "cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli"
     )
+
+
+def test_synthetic_tasks_go_through_the_same_reader(workdir) -> None:
+    import json
+
+    import pandas as pd
+
+    from stages import glue_prepare, sample
+
+    sample.main()
+    glue_prepare.main()  # the default params: source tsv, path data/sample/glue
+    manifest = json.loads((workdir.path / "data/glue/manifest.json").read_text())
+    assert manifest["synthetic"] is True
+    assert manifest["rows"] == {
+        t: {"train": 400, "validation": 100} for t in ["sst2", "cola", "rte", "stsb", "mrpc"]
+    }
+    raw = (workdir.path / "data/sample/glue/MRPC/train.tsv").read_bytes()
+    assert raw.startswith("\ufeffQuality".encode())  # the same quirks as the real files
+    assert not (workdir.path / "data/sample/glue/CoLA/dev.tsv").read_text().endswith("\n")
+    for name in ["sst2", "cola", "rte", "mrpc"]:  # both classes present in every split
+        for split in ["train", "validation"]:
+            labels = pd.read_parquet(workdir.path / f"data/glue/{name}/{split}.parquet")["label"]
+            assert labels.value_counts().min() > 0.3 * len(labels) / 2

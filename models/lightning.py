@@ -269,17 +269,21 @@ class PretrainModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.log("train/grad_norm", grad_norm(self.model, 2)["grad_2.0_norm_total"])
 
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = torch.zeros(3, dtype=torch.float64)  # loss * tokens, correct, tokens
+
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         loss, correct, count = self.loss(batch)
-        self.log("val/loss", loss, batch_size=count)
-        self.log(f"val/{self.cfg.objective}_accuracy", correct / count, batch_size=count)
+        self._val_sums += torch.tensor([float(loss) * count, float(correct), count], dtype=torch.float64)
 
     def on_validation_epoch_end(self) -> None:
-        loss = self.trainer.callback_metrics.get("val/loss")
-        if loss is not None and not self.trainer.sanity_checking:
-            # perplexities of different objectives are different quantities: named by objective
-            self.log(f"val/{self.cfg.objective}_perplexity", torch.exp(loss))
-            self.history.append({"step": self.global_step, "val_loss": float(loss)})
+        sums = self.all_gather(self._val_sums).reshape(-1, 3).sum(0)
+        loss = float(sums[0] / sums[2])
+        self.log("val/loss", loss)
+        self.log(f"val/{self.cfg.objective}_accuracy", float(sums[1] / sums[2]))
+        # perplexities of different objectives are different quantities: named by objective
+        self.log(f"val/{self.cfg.objective}_perplexity", math.exp(loss))
+        self.history.append({"step": self.global_step, "val_loss": loss})
 
     def configure_optimizers(self) -> dict[str, Any]:
         decay, no_decay = [], []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,15 +51,27 @@ class Workdir:
         node[last] = value
         self.write_params()
 
+    @contextlib.contextmanager
+    def changed(self, overrides: dict[str, object]) -> Iterator[None]:
+        """Params set by dotted key for the block, restored after it (for shared workdirs)."""
+        saved = copy.deepcopy(self.params)
+        for dotted, value in overrides.items():
+            self.set(dotted, value)
+        try:
+            yield
+        finally:
+            self.params = saved
+            self.write_params()
+
     def sources(self, *sources: dict) -> None:
         self.params["ingest"]["sources"] = list(sources)
         self.write_params()
 
-    def run(self, stage: str) -> subprocess.CompletedProcess[str]:
+    def run(self, stage: str, *args: str) -> subprocess.CompletedProcess[str]:
         """`python -m stages.<stage>` as DVC runs it: a real process, exit code and stderr."""
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         return subprocess.run(
-            [sys.executable, "-m", f"stages.{stage}"],
+            [sys.executable, "-m", f"stages.{stage}", *args],
             cwd=self.path,
             env=env,
             capture_output=True,

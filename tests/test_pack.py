@@ -50,14 +50,11 @@ def test_shards_hold_every_clean_document_once(packed) -> None:
 def test_split_is_seeded(sample_pipeline) -> None:
     packed = sample_pipeline
     _, arrays = shards(packed)
-    packed.set("seed", 99)
-    try:
+    with packed.changed({"seed": 99}):
         run_stages(packed, "pack")
         _, reseeded = shards(packed)
         assert not np.array_equal(np.asarray(reseeded["val"]), np.asarray(arrays["val"]))
-    finally:
-        packed.set("seed", 1234)
-        run_stages(packed, "pack")
+    run_stages(packed, "pack")
     _, again = shards(packed)
     assert np.array_equal(np.asarray(again["val"]), np.asarray(arrays["val"]))
 

@@ -130,14 +130,8 @@ def test_sigkilled_run_resumes_to_identical_weights(tmp_path: Path) -> None:
 
 def test_exported_model_loads_without_pickle(sample_pipeline: Workdir) -> None:
     sample_pipeline.set("models", {"encdec_span": MODELS["encdec_span"]})
-    original = dict(sample_pipeline.params["pretrain"])
-    sample_pipeline.params["pretrain"].update({"max_steps": 5, "warmup_steps": 0})
-    sample_pipeline.write_params()
-    try:
+    with sample_pipeline.changed({"pretrain.max_steps": 5, "pretrain.warmup_steps": 0}):
         run_stages(sample_pipeline, "pretrain", "encdec_span")
-    finally:
-        sample_pipeline.params["pretrain"] = original
-        sample_pipeline.write_params()
     final = sample_pipeline.path / "checkpoints/encdec_span/final"
     model, config = load_pretrained(final)
     tok = json.loads((sample_pipeline.path / "data/tokenizer/tokenizer.json").read_text())
@@ -176,23 +170,16 @@ def test_bad_model_params_fail_early(workdir: Workdir) -> None:
 
 def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pipeline: Workdir) -> None:
     sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
-    original = dict(sample_pipeline.params["pretrain"])
-    sample_pipeline.params["pretrain"].update(
-        {"max_steps": 50, "lr": 1.0e6, "warmup_steps": 0, "grad_clip": 0, "checkpoint_every": 1}
-    )
-    sample_pipeline.write_params()
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "stages.pretrain", "decoder_clm"],
-            cwd=sample_pipeline.path,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        sample_pipeline.params["pretrain"] = original
-        sample_pipeline.write_params()
+    with sample_pipeline.changed(
+        {
+            "pretrain.max_steps": 50,
+            "pretrain.lr": 1.0e6,
+            "pretrain.warmup_steps": 0,
+            "pretrain.grad_clip": 0,
+            "pretrain.checkpoint_every": 1,
+        }
+    ):
+        result = sample_pipeline.run("pretrain", "decoder_clm")
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: pretrain@decoder_clm: loss became nan at step ") or last.startswith(
@@ -210,31 +197,18 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pip
 def test_ddp_on_two_cpu_processes_with_bf16(sample_pipeline: Workdir) -> None:
     """The GPU settings on the CPU: two DDP processes (gloo), bf16 autocast; one export, one MLflow run."""
     sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
-    original = dict(sample_pipeline.params["pretrain"])
-    sample_pipeline.params["pretrain"].update(
+    with sample_pipeline.changed(
         {
-            "max_steps": 10,
-            "warmup_steps": 0,
-            "val_every": 5,
-            "checkpoint_every": 5,
-            "strategy": "ddp",
-            "devices": 2,
-            "precision": "bf16-mixed",
+            "pretrain.max_steps": 10,
+            "pretrain.warmup_steps": 0,
+            "pretrain.val_every": 5,
+            "pretrain.checkpoint_every": 5,
+            "pretrain.strategy": "ddp",
+            "pretrain.devices": 2,
+            "pretrain.precision": "bf16-mixed",
         }
-    )
-    sample_pipeline.write_params()
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "stages.pretrain", "decoder_clm"],
-            cwd=sample_pipeline.path,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        sample_pipeline.params["pretrain"] = original
-        sample_pipeline.write_params()
+    ):
+        result = sample_pipeline.run("pretrain", "decoder_clm")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((sample_pipeline.path / "metrics/pretrain/decoder_clm.json").read_text())
     assert summary["steps"] == 10 and summary["tokens_seen"] == 10 * 16 * 128 * 2
@@ -263,16 +237,10 @@ def test_batches_are_a_function_of_the_step(tmp_path: Path, sampling: str) -> No
 
 def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdir) -> None:
     sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
-    original = dict(sample_pipeline.params["pretrain"])
-    sample_pipeline.params["pretrain"].update(
-        {"max_steps": 100_000, "max_minutes": 0.05, "val_every": 10_000}
-    )
-    sample_pipeline.write_params()
-    try:
+    with sample_pipeline.changed(
+        {"pretrain.max_steps": 100_000, "pretrain.max_minutes": 0.05, "pretrain.val_every": 10_000}
+    ):
         run_stages(sample_pipeline, "pretrain", "decoder_clm")
-    finally:
-        sample_pipeline.params["pretrain"] = original
-        sample_pipeline.write_params()
     summary = json.loads((sample_pipeline.path / "metrics/pretrain/decoder_clm.json").read_text())
     assert summary["stopped_by"] == "max_minutes" and 0 < summary["steps"] < 100_000
     assert (
@@ -283,13 +251,9 @@ def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdi
 
 def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
     sample_pipeline.set("models", {"encoder_mlm": MODELS["encoder_mlm"]})
-    original = dict(sample_pipeline.params["pretrain"])
-    sample_pipeline.params["pretrain"].update({"max_steps": 5, "warmup_steps": 0, "compile": True})
-    sample_pipeline.write_params()
-    try:
+    with sample_pipeline.changed(
+        {"pretrain.max_steps": 5, "pretrain.warmup_steps": 0, "pretrain.compile": True}
+    ):
         run_stages(sample_pipeline, "pretrain", "encoder_mlm")
-    finally:
-        sample_pipeline.params["pretrain"] = original
-        sample_pipeline.write_params()
     model, config = load_pretrained(sample_pipeline.path / "checkpoints/encoder_mlm/final")
     assert config["steps"] == 5 and model.num_parameters() > 0

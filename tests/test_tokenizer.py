@@ -57,12 +57,8 @@ def test_bpe(sample_pipeline, tmp_path) -> None:
 
 
 def test_vocab_too_large_for_corpus_says_what_it_supports(sample_pipeline) -> None:
-    sample_pipeline.set("tokenizer.vocab_size", 50_000)
-    try:
-        with pytest.raises(StageError) as info:
-            run_stages(sample_pipeline, "tokenizer")
-    finally:
-        sample_pipeline.set("tokenizer.vocab_size", 1024)
+    with sample_pipeline.changed({"tokenizer.vocab_size": 50_000}), pytest.raises(StageError) as info:
+        run_stages(sample_pipeline, "tokenizer")
     message = str(info.value)
     assert message.startswith("tokenizer.vocab_size=50000 is too large for this corpus: it supports at most ")
     assert "lower tokenizer.vocab_size or add text" in message and "trainer_interface" not in message

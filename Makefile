@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 
 repro: setup
 	$(BIN)/dvc repro
-	@echo "packed tokens: data/tokens (meta.json); cleaning report: metrics/clean.json"
+	@echo "done: packed tokens in data/tokens, pretrained models in checkpoints/*/final, GLUE tables in data/glue"
+	@$(BIN)/dvc metrics show
 
 test: setup
 	$(BIN)/python -m pytest

@@ -182,3 +182,48 @@ def test_synthetic_tasks_go_through_the_same_reader(workdir) -> None:
         for split in ["train", "validation"]:
             labels = pd.read_parquet(workdir.path / f"data/glue/{name}/{split}.parquet")["label"]
             assert labels.value_counts().min() > 0.3 * len(labels) / 2
+
+
+def test_metrics_agree_with_their_definitions(glue_dir: Path) -> None:
+    """Scores of a deterministic predictor on the real dev labels, against the formulas themselves."""
+    import numpy as np
+    import scipy.stats
+
+    from stages.glue import glue_average, scores
+
+    rng = np.random.default_rng(0)
+    results = {}
+    for name in ["cola", "mrpc", "stsb", "rte"]:
+        spec = TASKS[name]
+        labels = read_tsv(glue_dir / spec.folder / spec.splits["validation"], spec)["label"].to_numpy()
+        if spec.is_regression:
+            predictions = labels + rng.normal(0, 1.0, len(labels))
+        else:  # right 70 % of the time
+            predictions = np.where(rng.random(len(labels)) < 0.7, labels, 1 - labels)
+        got = scores(spec, predictions, labels)
+        results[name] = got
+        if name == "cola":
+            tp = np.sum((predictions == 1) & (labels == 1))
+            tn = np.sum((predictions == 0) & (labels == 0))
+            fp = np.sum((predictions == 1) & (labels == 0))
+            fn = np.sum((predictions == 0) & (labels == 1))
+            mcc = (tp * tn - fp * fn) / np.sqrt(float((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)))
+            assert abs(got["matthews_correlation"] - mcc) < 1e-9
+        elif name == "mrpc":
+            tp = np.sum((predictions == 1) & (labels == 1))
+            precision, recall = tp / np.sum(predictions == 1), tp / np.sum(labels == 1)
+            assert abs(got["f1"] - 2 * precision * recall / (precision + recall)) < 1e-9
+            assert abs(got["accuracy"] - np.mean(predictions == labels)) < 1e-9
+        elif name == "stsb":
+            assert abs(got["pearson"] - np.corrcoef(predictions, labels)[0, 1]) < 1e-9
+            # the labels have ties: Spearman's rho is Pearson's r of the average ranks
+            average = [scipy.stats.rankdata(x) for x in (predictions, labels)]
+            assert abs(got["spearmanr"] - np.corrcoef(*average)[0, 1]) < 1e-9
+        else:
+            assert abs(got["accuracy"] - np.mean(predictions == labels)) < 1e-9
+    # MNLI's matched and mismatched sets are two evaluations of the average, as on the leaderboard
+    results["mnli_matched"], results["mnli_mismatched"] = {"accuracy": 0.5}, {"accuracy": 0.7}
+    expected = np.mean([np.mean(list(r.values())) for r in results.values()])
+    assert abs(glue_average(results) - expected) < 1e-12
+    with pytest.raises(ValueError, match="3 predictions for 2 labels"):
+        scores(TASKS["rte"], np.array([0, 1, 1]), np.array([0, 1]))

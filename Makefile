@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml
 
 repro: setup
 	$(BIN)/dvc repro
-	@echo "done: packed tokens in data/tokens, pretrained models in checkpoints/*/final, GLUE tables in data/glue"
-	@$(BIN)/dvc metrics show
+	@echo
+	@echo "GLUE report: reports/glue.md (every seed: reports/glue.csv; chart: reports/glue.png)"
+	@awk '/^> \*\*Synthetic/; /^\| Model/ {t = 1} t && /^$$/ {exit} t' reports/glue.md  # the first table
+	@echo "Pretrained models: checkpoints/*/final. Every run: mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
 test: setup
 	$(BIN)/python -m pytest
@@ -28,6 +30,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 bench: setup
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python bench/data_throughput.py
 	$(BIN)/python bench/train_throughput.py
 

@@ -23,20 +23,17 @@ from models.objectives import (
     SpecialIds,
     batch_generator,
     causal_lm_batch,
+    derived_seed,
     mask_tokens,
     span_corrupt,
     span_corruption_lengths,
 )
-from models.transformer import Transformer
+from models.transformer import Transformer, weight_decay_groups
 
 Objective = Literal["mlm", "clm", "span"]
 OBJECTIVE_OF_ARCH: dict[str, Objective] = {"encoder": "mlm", "decoder": "clm", "encoder_decoder": "span"}
 VAL_STEP_OFFSET = 2**40  # validation masks come from a stream no training step uses
 DROPOUT_STREAM = 2**41
-
-
-def derived_seed(*keys: int) -> int:
-    return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 @dataclass(frozen=True)
@@ -286,15 +283,7 @@ class PretrainModule(L.LightningModule):
         self.history.append({"step": self.global_step, "val_loss": loss})
 
     def configure_optimizers(self) -> dict[str, Any]:
-        decay, no_decay = [], []
-        for name, param in self.model.named_parameters():
-            # no weight decay on norms, biases and embeddings
-            is_embedding = name.startswith(("embed.", "positions."))
-            (decay if param.ndim >= 2 and not is_embedding else no_decay).append(param)
-        groups = [
-            {"params": decay, "weight_decay": self.cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+        groups = weight_decay_groups(self.model, self.cfg.weight_decay)
         # Lightning refuses to clip the gradients of a fused optimizer under mixed precision
         mixed = str(self.trainer.precision).endswith("mixed")
         kwargs = {"foreach": True} if mixed or self.device.type not in ("cuda", "cpu") else {"fused": True}

@@ -40,11 +40,15 @@ class SpecialIds:
 SPECIAL = SpecialIds()
 
 
+def derived_seed(*keys: int) -> int:
+    """A 63-bit seed that is a pure function of `keys`; different keys give independent streams."""
+    return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
 def batch_generator(seed: int, step: int, rank: int = 0, worker: int = 0) -> torch.Generator:
     """The RNG of one batch: the same (seed, step, rank, worker) always gives the same masks, and
     ranks and workers never share a stream."""
-    state = np.random.SeedSequence([seed, step, rank, worker]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state >> 1))
+    return torch.Generator().manual_seed(derived_seed(seed, step, rank, worker))
 
 
 @dataclass

@@ -256,6 +256,15 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: weight decay on weight matrices, none on norms, biases and embeddings."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for param in model.parameters():
+        (decay if param.ndim >= 2 and id(param) not in embeddings else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 def load_pretrained(directory: str | Path) -> tuple[Transformer, dict]:
     """A model exported by `pretrain` (`config.json` + `model.safetensors`; no pickle) and its config."""
     from safetensors.torch import load_model

@@ -279,6 +279,57 @@ class GlueParams(Strict):
         return self
 
 
+class FinetuneTaskParams(Strict):
+    """The fine-tuning recipe of one GLUE task."""
+
+    lr: float = Field(1e-4, gt=0)
+    epochs: int = Field(3, ge=1)
+    batch_size: int = Field(32, ge=1)
+    max_len: int = Field(128, ge=4, description="[CLS] a [SEP] b [SEP], longest side cut first")
+    warmup_ratio: Fraction = 0.1
+    max_train_rows: int | None = Field(None, ge=1, description="a seeded sample of the train split")
+    max_eval_rows: int | None = Field(None, ge=1, description="the first rows of each evaluation split")
+
+
+class FinetuneCommonParams(Strict):
+    """What every fine-tune shares."""
+
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="before the head")
+    encdec_pooling: Literal["mean_encoder", "first_decoder"] = "mean_encoder"
+    eval_batch_size: int = Field(128, ge=1)
+    group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
+    precision: Literal["32-true", "bf16-mixed"] = "32-true"
+    accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
+
+
+class FinetuneParams(Strict):
+    """Every pretrained model (and a from-scratch copy of it) fine-tuned on every task of `glue.tasks`,
+    once per seed; reports give the median over seeds."""
+
+    seeds: list[Annotated[int, Field(ge=0, le=2**32 - 1)]] = Field([1, 2, 3], min_length=1)
+    common: FinetuneCommonParams = FinetuneCommonParams()
+    tasks: dict[str, FinetuneTaskParams] = {}
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct, got {seeds}")
+        return seeds
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks: dict[str, FinetuneTaskParams]) -> dict[str, FinetuneTaskParams]:
+        from stages.glue import TASKS
+
+        for name in tasks:
+            if name not in TASKS:
+                raise ValueError(f"'{name}' is not a GLUE task; the tasks are: {', '.join(TASKS)}")
+        return tasks
+
+
 class TrackingParams(Strict):
     experiment: str = Field("lmpipe", min_length=1)
 
@@ -295,6 +346,7 @@ class Params(Strict):
     objectives: ObjectivesParams = ObjectivesParams()
     pretrain: PretrainParams = PretrainParams()
     glue: GlueParams = GlueParams(path="data/sample/glue", synthetic=True)
+    finetune: FinetuneParams = FinetuneParams()
 
     @model_validator(mode="after")
     def _models_fit_sequences(self) -> Params:
@@ -312,6 +364,21 @@ class Params(Strict):
                     f"models.{name}: d_model ({fields['d_model']}) must be divisible by "
                     f"n_heads ({fields['n_heads']})"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _tasks_have_recipes(self) -> Params:
+        for i, name in enumerate(self.glue.tasks):
+            recipe = self.finetune.tasks.get(name)
+            if recipe is None:
+                raise ValueError(f"finetune.tasks.{name}: required, glue.tasks[{i}] is '{name}'")
+            for model, variant in self.models.items():
+                max_len = variant.config_fields()["max_len"]
+                if recipe.max_len > max_len:
+                    raise ValueError(
+                        f"finetune.tasks.{name}.max_len ({recipe.max_len}) is longer than "
+                        f"models.{model}.max_len ({max_len})"
+                    )
         return self
 
 

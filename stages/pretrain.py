@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # our own lines say what happens
     warnings.filterwarnings("ignore", message=".*exists and is not empty")  # expected when resuming
+    warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")  # Lightning vs torch 2.13
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     from models.lightning import NonFiniteLoss, PretrainModule, TokenDataModule
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
                 "tokenizer_sha256": meta["tokenizer_sha256"],
                 "steps": steps,
                 "synthetic": meta["synthetic"],
+                "mlflow_run_id": logger.run_id,  # fine-tunes link back to this run
             },
         )
         write_json(Path("metrics/pretrain") / f"{name}.json", summary)

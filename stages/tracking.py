@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PARENT_RUN_ENV = "LMPIPE_PARENT_RUN_ID"
 _MLFLOW_BATCH = 100  # MLflow's per-request cap on params
+_MLFLOW_METRIC_BATCH = 1000  # and on metrics
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -56,6 +57,16 @@ class StageRun:
         if numeric:
             self._mlflow.log_metrics(numeric)
 
+    def log_series(self, key: str, values: Sequence[float], first_step: int = 0) -> None:
+        """A curve (one value per step) in one request rather than one per point."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(v), now, first_step + i) for i, v in enumerate(values)]
+        client = self._mlflow.MlflowClient()
+        for i in range(0, len(metrics), _MLFLOW_METRIC_BATCH):
+            client.log_batch(self.run_id, metrics=metrics[i : i + _MLFLOW_METRIC_BATCH])
+
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         self._mlflow.set_tags({k: str(v) for k, v in tags.items()})
 
@@ -65,7 +76,11 @@ class StageRun:
 
 @contextmanager
 def stage_run(
-    stage: str, experiment: str, params: Mapping[str, Any], tags: Mapping[str, Any] | None = None
+    stage: str,
+    experiment: str,
+    params: Mapping[str, Any],
+    tags: Mapping[str, Any] | None = None,
+    run_name: str | None = None,
 ) -> Iterator[StageRun]:
     import mlflow  # slow to import; only stages that run pay for it
 
@@ -76,10 +91,26 @@ def stage_run(
         run_tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
     if os.environ.get(PARENT_RUN_ENV):
         run_tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
-    with mlflow.start_run(run_name=stage, tags={k: str(v) for k, v in run_tags.items()}) as run:
+    with mlflow.start_run(run_name=run_name or stage, tags={k: str(v) for k, v in run_tags.items()}) as run:
         flat = [(k, "" if v is None else str(v)) for k, v in flatten(params).items()]
         for i in range(0, len(flat), _MLFLOW_BATCH):
             mlflow.log_params(dict(flat[i : i + _MLFLOW_BATCH]))
         started = time.perf_counter()
         yield StageRun(mlflow, run.info.run_id)
         mlflow.log_metric("duration_s", time.perf_counter() - started)
+
+
+def log_to_run(run_id: str, metrics: Mapping[str, float]) -> bool:
+    """Metrics into an existing (finished) run of the current store; False if the store lacks it."""
+    import mlflow
+    from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient(os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+    try:
+        client.get_run(run_id)
+    except MlflowException:
+        return False
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+    return True

@@ -169,7 +169,8 @@ def test_synthetic_tasks_go_through_the_same_reader(workdir) -> None:
     from stages import glue_prepare, sample
 
     sample.main()
-    glue_prepare.main()  # the default params: source tsv, path data/sample/glue
+    workdir.set("glue.tasks", ["sst2", "cola", "rte", "stsb", "mrpc"])  # every task sample writes
+    glue_prepare.main()  # the default source: tsv, path data/sample/glue
     manifest = json.loads((workdir.path / "data/glue/manifest.json").read_text())
     assert manifest["synthetic"] is True
     assert manifest["rows"] == {

@@ -1,0 +1,248 @@
+"""Stage `finetune@<model>-<task>`: fine-tune a pretrained model on one GLUE task, once per seed.
+
+`--init scratch` (stage `finetune_scratch@<model>-<task>`) fine-tunes a randomly initialised copy of the
+same architecture with the same recipe: the baseline that says what pretraining bought. Reads
+`checkpoints/<model>/final` (pretrained only), `data/tokenizer` and `data/glue/<task>`; writes
+`data/finetune/<model>/<task>/<init>/`: `seed<k>/<split>.parquet` predictions (`idx, label,
+prediction`) for every evaluation split and `summary.json`. One MLflow run per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stages.common import StageError, atomic_dir, cpu_threads, log, read_json, run_main, write_json
+from stages.glue import TASKS, GlueTask
+from stages.params import Params, load_params
+from stages.tracking import stage_run
+
+TOKENIZER = Path("data/tokenizer")
+GLUE = Path("data/glue")
+OUT = Path("data/finetune")
+
+
+def tokenizer_meta() -> dict[str, Any]:
+    meta = read_json(TOKENIZER / "tokenizer.json", "tokenizer")
+    model = TOKENIZER / "spm.model"
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    if digest != meta["sha256"]:
+        raise StageError(
+            f"{model}: sha256 {digest[:12]} is not the {meta['sha256'][:12]} that tokenizer.json records; "
+            "re-run the tokenizer stage"
+        )
+    return meta
+
+
+def read_split(task: GlueTask, split: str) -> pd.DataFrame:
+    path = GLUE / task.name / f"{split}.parquet"
+    if not path.exists():
+        raise StageError(f"{path}: missing; add '{task.name}' to glue.tasks and run glue_prepare")
+    frame = pd.read_parquet(path)
+    if frame.empty:
+        raise StageError(f"{path}: no rows (an empty split)")
+    return frame
+
+
+def encode(frame: pd.DataFrame, task: GlueTask, max_len: int, threads: int) -> list[list[int]]:
+    import sentencepiece as spm
+
+    from models.finetune_data import encode_pair
+
+    processor = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "spm.model"))
+    columns = [processor.encode(frame[c].tolist(), num_threads=threads) for c in task.text_columns]
+    seconds = columns[1] if len(columns) > 1 else [None] * len(frame)
+    return [encode_pair(a, b, max_len) for a, b in zip(columns[0], seconds, strict=True)]
+
+
+def backbone(params: Params, name: str, init: str, vocab_size: int, seed: int) -> Any:
+    """The pretrained model, or a randomly initialised one of the same configuration."""
+    import torch
+
+    from models.config import ModelConfig
+    from models.objectives import derived_seed
+    from models.transformer import Transformer, load_pretrained
+
+    torch.manual_seed(derived_seed(seed, 0))  # the head's (and a scratch model's) initialisation
+    if init == "pretrained":
+        return load_pretrained(Path("checkpoints") / name / "final")[0]
+    variant = params.models[name]
+    try:
+        return Transformer(ModelConfig(arch=variant.arch, vocab_size=vocab_size, **variant.config_fields()))
+    except ValueError as exc:
+        raise StageError(f"params.yaml: models.{name}: {exc}") from None
+
+
+def pretrained_config(name: str, tokenizer_sha: str) -> dict[str, Any]:
+    """The exported model's config, refused if it was pretrained on another tokenizer's ids."""
+    path = Path("checkpoints") / name / "final" / "config.json"
+    config = read_json(path, f"pretrain@{name}")
+    if config.get("tokenizer_sha256") != tokenizer_sha:
+        raise StageError(
+            f"{path}: the model was pretrained with tokenizer {str(config.get('tokenizer_sha256'))[:12]}, "
+            f"but data/tokenizer is {tokenizer_sha[:12]}; re-run pretrain@{name} (dvc repro)"
+        )
+    return config
+
+
+def device(accelerator: str) -> Any:
+    import torch
+
+    if accelerator == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if accelerator == "gpu":
+        raise StageError("params.yaml: finetune.common.accelerator=gpu: no CUDA device is visible")
+    return torch.device("cpu")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stages.finetune")
+    parser.add_argument("model", help="a key of params.yaml: models")
+    parser.add_argument("task", help="a task of params.yaml: glue.tasks")
+    parser.add_argument("--init", choices=["pretrained", "scratch"], default="pretrained")
+    args = parser.parse_args(argv)
+    name, init = args.model, args.init
+    params = load_params()
+    if name not in params.models:
+        raise StageError(
+            f"params.yaml: models.{name}: no such model; the models are: {', '.join(params.models)}"
+        )
+    if args.task not in params.glue.tasks:
+        raise StageError(
+            f"params.yaml: glue.tasks: '{args.task}' is not among them ({', '.join(params.glue.tasks)})"
+        )
+    task = TASKS[args.task]
+    recipe, common = params.finetune.tasks[task.name], params.finetune.common
+    variant = params.models[name]
+    tok = tokenizer_meta()
+    pretrain_cfg = pretrained_config(name, tok["sha256"]) if init == "pretrained" else {}
+
+    train = read_split(task, "train")
+    if recipe.max_train_rows and recipe.max_train_rows < len(train):
+        keep = np.random.default_rng(params.seed).choice(len(train), recipe.max_train_rows, replace=False)
+        train = train.iloc[np.sort(keep)].reset_index(drop=True)
+    evaluations = {s: read_split(task, s).head(recipe.max_eval_rows) for s in task.eval_splits}
+    threads = cpu_threads(0)
+    train_ids = encode(train, task, recipe.max_len, threads)
+    eval_ids = {s: encode(frame, task, recipe.max_len, threads) for s, frame in evaluations.items()}
+    train_labels = train["label"].to_numpy()
+
+    from models.finetune import FinetuneConfig, NonFiniteLoss, finetune, predict
+    from models.heads import SequenceHead
+
+    target = device(common.accelerator)
+    num_labels = 1 if task.is_regression else len(task.labels or ())
+    stage = f"finetune{'_scratch' if init == 'scratch' else ''}@{name}-{task.name}"
+    tags = {
+        "model": name,
+        "arch": variant.arch,
+        "objective": variant.objective,
+        "task": task.name,
+        "init": init,
+        "tokenizer_sha256": tok["sha256"],
+        "data.synthetic": params.glue.synthetic,
+    }
+    if pretrain_cfg.get("mlflow_run_id"):
+        tags["pretrain_run_id"] = pretrain_cfg["mlflow_run_id"]
+    logged_params = {
+        f"models.{name}": variant.model_dump(exclude_none=True),
+        f"finetune.tasks.{task.name}": recipe.model_dump(),
+        "finetune.common": common.model_dump(),
+        "init": init,
+        "train_rows": len(train),
+    }
+
+    results: dict[str, Any] = {}
+    with atomic_dir(OUT / name / task.name / init) as tmp:
+        for seed in params.finetune.seeds:
+            cfg = FinetuneConfig(
+                lr=recipe.lr,
+                epochs=recipe.epochs,
+                batch_size=recipe.batch_size,
+                warmup_ratio=recipe.warmup_ratio,
+                weight_decay=common.weight_decay,
+                grad_clip=common.grad_clip,
+                seed=seed,
+                precision=common.precision,
+                group_by_length=common.group_by_length,
+            )
+            with stage_run(
+                "finetune",
+                params.tracking.experiment,
+                {**logged_params, "seed": seed},
+                {**tags, "seed": seed},
+                run_name=f"{stage}/seed{seed}",
+            ) as run:
+                started = time.perf_counter()
+                head = SequenceHead(
+                    backbone(params, name, init, tok["vocab_size"], seed),
+                    num_labels,
+                    pooling=common.encdec_pooling if variant.arch == "encoder_decoder" else None,
+                    dropout=common.dropout,
+                    start_id=tok["bos_id"],
+                ).to(target)
+                try:
+                    losses = finetune(head, train_ids, train_labels, cfg)
+                except NonFiniteLoss as exc:
+                    raise StageError(
+                        f"{stage} seed {seed}: {exc}; lower finetune.tasks.{task.name}.lr"
+                    ) from None
+                run.log_series("train_loss", losses)
+                eval_losses = {}
+                (tmp / f"seed{seed}").mkdir()
+                for split, frame in evaluations.items():
+                    labels = frame["label"].to_numpy()
+                    predictions, eval_losses[split] = predict(
+                        head, eval_ids[split], labels, common.eval_batch_size, common.precision
+                    )
+                    pd.DataFrame(
+                        {"idx": frame["idx"], "label": labels, "prediction": predictions}
+                    ).to_parquet(tmp / f"seed{seed}" / f"{split}.parquet", index=False)
+                seconds = time.perf_counter() - started
+                # the GLUE metrics come from `evaluate`, which scores the predictions and logs them here
+                run.log_metrics({"loss": eval_losses, "steps": len(losses), "train_seconds": seconds})
+            results[str(seed)] = {
+                "run_id": run.run_id,
+                "steps": len(losses),
+                "train_loss": losses[-1],
+                "eval_loss": eval_losses,
+                "seconds": round(seconds, 2),
+            }
+            log.info(
+                "%s seed %d: %d steps in %.1f s, train loss %.3f, %s",
+                stage,
+                seed,
+                len(losses),
+                seconds,
+                losses[-1],
+                ", ".join(f"{split} loss {loss:.3f}" for split, loss in eval_losses.items()),
+            )
+        write_json(
+            tmp / "summary.json",
+            {
+                "model": name,
+                "task": task.name,
+                "init": init,
+                "arch": variant.arch,
+                "objective": variant.objective,
+                "train_rows": len(train),
+                "eval_rows": {s: len(f) for s, f in evaluations.items()},
+                "steps": cfg.total_steps(len(train)),
+                "synthetic": params.glue.synthetic,
+                "tokenizer_sha256": tok["sha256"],
+                "pretrain_run_id": pretrain_cfg.get("mlflow_run_id"),
+                "seeds": results,
+            },
+        )
+
+
+if __name__ == "__main__":
+    run_main(main)

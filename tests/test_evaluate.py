@@ -1,0 +1,217 @@
+"""`evaluate`: GLUE's metrics from prediction files against the real dev labels, medians over seeds,
+the leaderboard average with MNLI-m and MNLI-mm apart, the report, and the scores in MLflow."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from stages.common import StageError
+from stages.glue import TASKS, read_tsv
+from tests.conftest import Workdir
+
+MODELS = {
+    "enc": {"arch": "encoder", "objective": "mlm", "preset": "tiny"},
+    "dec": {"arch": "decoder", "objective": "clm", "preset": "tiny"},
+}
+SEEDS = [1, 2, 3]
+REAL_TASKS = ["cola", "stsb", "mrpc", "rte"]
+
+
+def mnli_split(rows: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "idx": np.arange(rows),
+            "premise": ["A premise."] * rows,
+            "hypothesis": ["A hypothesis."] * rows,
+            "label": rng.integers(0, 3, rows),
+        }
+    )
+
+
+def predictor(labels: np.ndarray, regression: bool, skill: float, seed: int) -> np.ndarray:
+    """Right with probability `skill` (classes), or the label plus noise (regression)."""
+    rng = np.random.default_rng(seed)
+    if regression:
+        return labels + rng.normal(0, 2.0 * (1 - skill), len(labels))
+    wrong = (labels + rng.integers(1, 3, len(labels))) % (labels.max() + 1)
+    return np.where(rng.random(len(labels)) < skill, labels, wrong)
+
+
+def finished_run(tags: dict[str, str]) -> str:
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    experiment = client.get_experiment_by_name("lmpipe") or client.get_experiment(
+        client.create_experiment("lmpipe")
+    )
+    run = client.create_run(experiment.experiment_id, tags=tags)
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+@pytest.fixture
+def scored(workdir: Workdir, glue_dir: Path) -> Workdir:
+    """data/glue from the real dev files (and a made-up MNLI), predictions of 2 models × 2 inits × 3
+    seeds whose quality depends on all three, and a finished MLflow run for every fine-tune."""
+    workdir.set("models", MODELS)
+    workdir.set(
+        "glue", {"source": "tsv", "path": str(glue_dir), "tasks": [*REAL_TASKS, "mnli"], "synthetic": False}
+    )
+    workdir.set("finetune.seeds", SEEDS)
+    truth = {}
+    for name in REAL_TASKS:
+        spec = TASKS[name]
+        truth[(name, "validation")] = read_tsv(glue_dir / spec.folder / spec.splits["validation"], spec)
+    truth[("mnli", "validation_matched")] = mnli_split(300, 0)
+    truth[("mnli", "validation_mismatched")] = mnli_split(280, 1)
+    for (name, split), frame in truth.items():
+        (workdir.path / "data/glue" / name).mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(workdir.path / "data/glue" / name / f"{split}.parquet", index=False)
+    for m, model in enumerate(MODELS):
+        for i, init in enumerate(["pretrained", "scratch"]):
+            for name in [*REAL_TASKS, "mnli"]:
+                run_dir = workdir.path / "data/finetune" / model / name / init
+                seeds = {}
+                for seed in SEEDS:
+                    (run_dir / f"seed{seed}").mkdir(parents=True)
+                    for split in TASKS[name].eval_splits:
+                        frame = truth[(name, split)]
+                        labels = frame["label"].to_numpy()
+                        skill = (
+                            0.55
+                            + 0.1 * m
+                            + 0.1 * (1 - i)
+                            + 0.02 * seed
+                            + (0.1 if "mismatched" in split else 0)
+                        )
+                        predictions = predictor(labels, TASKS[name].is_regression, skill, seed)
+                        pd.DataFrame(
+                            {"idx": frame["idx"], "label": labels, "prediction": predictions}
+                        ).to_parquet(run_dir / f"seed{seed}" / f"{split}.parquet", index=False)
+                    tags = {"model": model, "task": name, "init": init, "seed": str(seed)}
+                    seeds[str(seed)] = {"run_id": finished_run(tags)}
+                (run_dir / "summary.json").write_text(json.dumps({"seeds": seeds}))
+    workdir.truth = truth
+    return workdir
+
+
+def expected_scores(workdir: Workdir, model: str, init: str, name: str, split: str) -> dict[str, list[float]]:
+    """Every seed's metrics straight from scikit-learn / scipy."""
+    labels = workdir.truth[(name, split)]["label"].to_numpy()
+    found: dict[str, list[float]] = {}
+    for seed in SEEDS:
+        path = workdir.path / "data/finetune" / model / name / init / f"seed{seed}" / f"{split}.parquet"
+        p = pd.read_parquet(path)["prediction"].to_numpy()
+        if name == "stsb":
+            values = {
+                "pearson": scipy.stats.pearsonr(p, labels)[0],
+                "spearmanr": scipy.stats.spearmanr(p, labels)[0],
+            }
+        elif name == "cola":
+            values = {"matthews_correlation": matthews_corrcoef(labels, p)}
+        elif name == "mrpc":
+            values = {"f1": f1_score(labels, p), "accuracy": accuracy_score(labels, p)}
+        else:
+            values = {"accuracy": accuracy_score(labels, p)}
+        for metric, value in values.items():
+            found.setdefault(metric, []).append(float(value))
+    return found
+
+
+def test_scores_equal_sklearn_and_scipy_and_the_average_is_the_leaderboards(scored: Workdir) -> None:
+    from stages import evaluate
+
+    evaluate.main()
+    glue = json.loads((scored.path / "metrics/glue.json").read_text())
+    per_seed = pd.read_csv(scored.path / "reports/glue.csv")
+    evaluations = {
+        "cola": ("cola", "validation"),
+        "stsb": ("stsb", "validation"),
+        "mrpc": ("mrpc", "validation"),
+        "rte": ("rte", "validation"),
+        "mnli-m": ("mnli", "validation_matched"),
+        "mnli-mm": ("mnli", "validation_mismatched"),
+    }
+    for model in MODELS:
+        for init in ["pretrained", "scratch"]:
+            row = glue[model][init]
+            for key, (name, split) in evaluations.items():
+                expected = expected_scores(scored, model, init, name, split)
+                for metric, values in expected.items():
+                    logged = per_seed.query(
+                        "model == @model and init == @init and evaluation == @key and metric == @metric"
+                    ).sort_values("seed")["value"]
+                    assert np.abs(logged.to_numpy() - values).max() < 1e-9, (model, init, key, metric)
+                medians = [statistics.median(v) for v in expected.values()]
+                assert abs(row[key] - 100 * np.mean(medians)) < 1e-9, (model, init, key)
+            assert row["mnli-m"] != row["mnli-mm"]  # two evaluations, never pooled
+            assert abs(row["average"] - np.mean([row[k] for k in evaluations])) < 1e-9
+        for key in [*evaluations, "average"]:
+            assert (
+                abs(
+                    glue[model]["delta"][key] - (glue[model]["pretrained"][key] - glue[model]["scratch"][key])
+                )
+                < 1e-9
+            )
+    assert len(per_seed) == len(MODELS) * 2 * len(SEEDS) * 8  # 8 metrics over the 6 evaluations
+
+    report = (scored.path / "reports/glue.md").read_text()
+    assert "Synthetic data" not in report
+    assert (
+        "| Model | Init | CoLA MCC | STS-B Pearson/Spearman | MRPC F1/Acc | RTE Acc | MNLI-m Acc "
+        "| MNLI-mm Acc | Average |" in report
+    )
+    assert f"| | Δ | {glue['enc']['delta']['cola']:+.1f} |" in report
+    assert (scored.path / "reports/glue.png").read_bytes().startswith(b"\x89PNG")
+    plot = pd.read_csv(scored.path / "plots/glue.csv")
+    assert len(plot) == len(MODELS) * 2 * 7 and set(plot.columns) == {"run", "score"}
+
+
+def test_every_fine_tune_run_gets_its_scores_in_mlflow(scored: Workdir) -> None:
+    import mlflow
+
+    from stages import evaluate
+
+    evaluate.main()
+    per_seed = pd.read_csv(scored.path / "reports/glue.csv")
+    client = mlflow.MlflowClient()
+    for run_id, rows in per_seed.groupby("mlflow_run_id"):
+        metrics = client.get_run(run_id).data.metrics
+        for row in rows.itertuples():
+            assert metrics[f"{row.evaluation}/{row.metric}"] == pytest.approx(row.value, abs=1e-12)
+    experiment = client.get_experiment_by_name("lmpipe")
+    (run,) = client.search_runs([experiment.experiment_id], "tags.stage = 'evaluate'", max_results=1)
+    assert run.data.metrics["enc.pretrained.average"] == pytest.approx(
+        json.loads((scored.path / "metrics/glue.json").read_text())["enc"]["pretrained"]["average"]
+    )
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"glue.md", "glue.json", "glue.csv", "glue.png"} <= artifacts
+
+
+def test_bad_prediction_files_are_named_and_nothing_is_written(scored: Workdir) -> None:
+    from stages import evaluate
+
+    path = scored.path / "data/finetune/dec/rte/scratch/seed2/validation.parquet"
+    frame = pd.read_parquet(path)
+    frame.loc[5, "idx"] = 9999
+    frame.to_parquet(path, index=False)
+    with pytest.raises(
+        StageError, match=r"seed2/validation.parquet: row 5: idx 9999 is not in data/glue/rte"
+    ):
+        evaluate.main()
+    assert not (scored.path / "metrics/glue.json").exists() and not (scored.path / "reports").exists()
+
+    (scored.path / "data/finetune/enc/mrpc/scratch/summary.json").unlink()
+    with pytest.raises(
+        StageError, match=r"enc/mrpc/scratch/summary.json: missing; run the 'finetune_scratch@enc-mrpc'"
+    ):
+        evaluate.main()

@@ -1,0 +1,190 @@
+"""Stages `finetune@<model>-<task>` and `finetune_scratch@<model>-<task>` on the synthetic sample:
+predictions, summaries, MLflow runs linked to the pretraining run, determinism, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from stages.common import StageError
+from tests.conftest import Workdir
+from tests.pipeline_helpers import run_stages
+
+MODEL = {"arch": "encoder", "objective": "mlm", "preset": "tiny"}
+OVERRIDES = {
+    "models": {"enc": MODEL},
+    "glue.tasks": ["stsb"],
+    "finetune.seeds": [1, 2],
+    "finetune.tasks.stsb.max_train_rows": 64,
+    "finetune.tasks.stsb.epochs": 1,
+    "pretrain.max_steps": 10,
+    "pretrain.warmup_steps": 0,
+    "pretrain.val_every": 10,
+    "pretrain.checkpoint_every": 10,
+}
+
+
+def finetune(workdir: Workdir, *args: str) -> None:
+    from stages import finetune as stage
+
+    with contextlib.chdir(workdir.path):
+        stage.main(list(args))
+
+
+@pytest.fixture(scope="module")
+def tuned(sample_pipeline: Workdir) -> Iterator[Workdir]:
+    """enc pretrained for 10 steps, then fine-tuned on the synthetic STS-B from it and from scratch."""
+    from stages import glue_prepare
+
+    with sample_pipeline.changed(OVERRIDES):
+        with contextlib.chdir(sample_pipeline.path):
+            glue_prepare.main()
+        run_stages(sample_pipeline, "pretrain", "enc")
+        finetune(sample_pipeline, "enc", "stsb")
+        finetune(sample_pipeline, "enc", "stsb", "--init", "scratch")
+        yield sample_pipeline
+
+
+def out(workdir: Workdir, init: str) -> Path:
+    return workdir.path / "data/finetune/enc/stsb" / init
+
+
+def test_predictions_and_summary_of_both_inits(tuned: Workdir) -> None:
+    checkpoint = json.loads((tuned.path / "checkpoints/enc/final/config.json").read_text())
+    frames = {}
+    for init in ["pretrained", "scratch"]:
+        summary = json.loads((out(tuned, init) / "summary.json").read_text())
+        assert summary["train_rows"] == 64 and summary["steps"] == 2 and summary["synthetic"] is True
+        assert summary["eval_rows"] == {"validation": 100}
+        assert set(summary["seeds"]) == {"1", "2"}
+        assert summary["pretrain_run_id"] == (checkpoint["mlflow_run_id"] if init == "pretrained" else None)
+        for seed in [1, 2]:
+            frame = pd.read_parquet(out(tuned, init) / f"seed{seed}/validation.parquet")
+            assert list(frame.columns) == ["idx", "label", "prediction"] and len(frame) == 100
+            assert frame["idx"].tolist() == list(range(100)) and frame["prediction"].dtype == "float32"
+            frames[(init, seed)] = frame["prediction"]
+    assert not frames[("pretrained", 1)].equals(frames[("scratch", 1)])
+    assert not frames[("pretrained", 1)].equals(frames[("pretrained", 2)])
+
+
+def test_one_mlflow_run_per_seed_linked_to_the_pretraining_run(tuned: Workdir) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    experiment = client.get_experiment_by_name("lmpipe")
+    checkpoint = json.loads((tuned.path / "checkpoints/enc/final/config.json").read_text())
+    for init in ["pretrained", "scratch"]:
+        summary = json.loads((out(tuned, init) / "summary.json").read_text())
+        for seed, entry in summary["seeds"].items():
+            run = client.get_run(entry["run_id"])
+            tags = run.data.tags
+            assert run.info.status == "FINISHED" and run.info.experiment_id == experiment.experiment_id
+            assert tags["stage"] == "finetune" and tags["mlflow.runName"] == (
+                f"finetune{'_scratch' if init == 'scratch' else ''}@enc-stsb/seed{seed}"
+            )
+            assert (
+                tags["model"],
+                tags["arch"],
+                tags["objective"],
+                tags["task"],
+                tags["init"],
+                tags["seed"],
+            ) == (
+                "enc",
+                "encoder",
+                "mlm",
+                "stsb",
+                init,
+                seed,
+            )
+            assert tags.get("pretrain_run_id") == (
+                checkpoint["mlflow_run_id"] if init == "pretrained" else None
+            )
+            assert tags["data.synthetic"] == "True"
+            assert run.data.params["finetune.tasks.stsb.max_train_rows"] == "64"
+            assert run.data.metrics["loss.validation"] == pytest.approx(entry["eval_loss"]["validation"])
+            curve = client.get_metric_history(run.info.run_id, "train_loss")
+            assert [m.step for m in sorted(curve, key=lambda m: m.step)] == [0, 1]
+
+
+def test_same_params_same_predictions(tuned: Workdir) -> None:
+    def predictions() -> dict[str, pd.DataFrame]:
+        files = sorted(out(tuned, "scratch").glob("seed*/*.parquet"))
+        return {str(p.relative_to(out(tuned, "scratch"))): pd.read_parquet(p) for p in files}
+
+    before = predictions()
+    with tuned.changed(OVERRIDES):
+        finetune(tuned, "enc", "stsb", "--init", "scratch")
+    after = predictions()
+    assert list(before) == ["seed1/validation.parquet", "seed2/validation.parquet"] == list(after)
+    for name in before:
+        pd.testing.assert_frame_equal(before[name], after[name])
+
+
+def test_evaluate_reports_the_synthetic_run(tuned: Workdir) -> None:
+    from stages import evaluate
+
+    with tuned.changed(OVERRIDES), contextlib.chdir(tuned.path):
+        evaluate.main()
+    glue = json.loads((tuned.path / "metrics/glue.json").read_text())
+    assert set(glue["enc"]) == {"pretrained", "scratch", "delta"}
+    assert set(glue["enc"]["pretrained"]) == {"stsb", "average"}
+    report = (tuned.path / "reports/glue.md").read_text()
+    assert "**Synthetic data.**" in report and "| enc (encoder, mlm) | pretrained |" in report
+
+
+def test_a_model_pretrained_on_another_tokenizer_is_refused(tuned: Workdir) -> None:
+    config_path = tuned.path / "checkpoints/enc/final/config.json"
+    original = config_path.read_text()
+    before = (out(tuned, "pretrained") / "summary.json").read_bytes()
+    config_path.write_text(json.dumps({**json.loads(original), "tokenizer_sha256": "0" * 64}))
+    try:
+        with (
+            tuned.changed(OVERRIDES),
+            pytest.raises(
+                StageError,
+                match=r"checkpoints/enc/final/config.json: the model was pretrained with tokenizer "
+                r"000000000000, but data/tokenizer is [0-9a-f]{12}; re-run pretrain@enc",
+            ),
+        ):
+            finetune(tuned, "enc", "stsb")
+    finally:
+        config_path.write_text(original)
+    assert (out(tuned, "pretrained") / "summary.json").read_bytes() == before  # no partial output
+
+
+def test_bad_names_and_params_are_one_line(tuned: Workdir) -> None:
+    with tuned.changed(OVERRIDES):
+        result = tuned.run("finetune", "nosuch", "stsb")
+        assert result.returncode == 2
+        assert (
+            result.stderr.strip() == "error: params.yaml: models.nosuch: no such model; the models are: enc"
+        )
+        with pytest.raises(StageError, match=r"glue.tasks: 'rte' is not among them \(stsb\)"):
+            finetune(tuned, "enc", "rte")
+
+
+BAD_PARAMS = [
+    (
+        {"glue.tasks": ["stsb", "rte"], "finetune.tasks": {"stsb": {}}},
+        r"finetune.tasks.rte: required, glue.tasks\[1\] is 'rte'",
+    ),
+    (
+        {"finetune.tasks.stsb.max_len": 256},
+        r"finetune.tasks.stsb.max_len \(256\) is longer than models.enc.max_len \(128\)",
+    ),
+    ({"finetune.tasks.sts": {}}, r"'sts' is not a GLUE task; the tasks are: cola, sst2"),
+    ({"finetune.seeds": [1, 1]}, r"finetune.seeds.*seeds must be distinct"),
+    ({"finetune.common.precision": "16-mixed"}, r"finetune.common.precision='16-mixed': Input should be"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_PARAMS)
+def test_bad_finetune_params_stop_before_any_work(tuned: Workdir, overrides: dict, message: str) -> None:
+    with tuned.changed({**OVERRIDES, **overrides}), pytest.raises(StageError, match=message):
+        finetune(tuned, "enc", "stsb")

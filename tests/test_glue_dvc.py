@@ -1,0 +1,76 @@
+"""The end of the graph through real DVC: a CI-sized pretrain + fine-tune on the real RTE files, the
+report, a no-op second run, and an ablation of the masking rate that leaves the scratch baseline cached."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from tests.conftest import ROOT
+
+PROJECT_FILES = ["dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config"]
+
+
+def sh(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{cwd / 'mlflow.db'}"
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def stages_run(output: str) -> list[str]:
+    return re.findall(r"Running stage '([^']+)'", output)
+
+
+def test_real_rte_end_to_end_through_dvc_repro(tmp_path: Path, glue_dir: Path) -> None:
+    repo = tmp_path / "repo"
+    for name in PROJECT_FILES:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, repo / name)
+    for package in ("stages", "models"):
+        shutil.copytree(ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["models"] = {"encoder_mlm": {"arch": "encoder", "objective": "mlm", "preset": "tiny"}}
+    params["pretrain"].update(max_steps=30, warmup_steps=3, val_every=30, checkpoint_every=30)
+    params["glue"] = {"source": "tsv", "path": str(glue_dir), "tasks": ["rte"], "synthetic": False}
+    params["finetune"]["seeds"] = [1]
+    params["finetune"]["tasks"]["rte"].update(max_train_rows=256, epochs=1)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    sh(repo, "git", "init", "-q", "-b", "main")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "rte")
+
+    first = stages_run(sh(repo, "dvc", "repro"))
+    assert first[-4:] == [
+        "pretrain@encoder_mlm",
+        "finetune@encoder_mlm-rte",
+        "finetune_scratch@encoder_mlm-rte",
+        "evaluate",
+    ] and "glue_prepare" in first
+    predictions = pd.read_parquet(repo / "data/finetune/encoder_mlm/rte/pretrained/seed1/validation.parquet")
+    assert len(predictions) == 277 and set(predictions["prediction"]) <= {0, 1}  # the whole real dev set
+    glue = json.loads((repo / "metrics/glue.json").read_text())
+    for init in ["pretrained", "scratch"]:
+        assert 30 < glue["encoder_mlm"][init]["rte"] < 70  # a CI-sized model: about chance, but scored
+        assert glue["encoder_mlm"][init]["average"] == glue["encoder_mlm"][init]["rte"]
+    report = (repo / "reports/glue.md").read_text()
+    assert "Synthetic" not in report and "| Model | Init | RTE Acc | Average |" in report
+    shown = sh(repo, "dvc", "metrics", "show", "--json")
+    assert "encoder_mlm" in json.loads(shown)[""]["data"]["metrics/glue.json"]["data"]
+
+    assert stages_run(sh(repo, "dvc", "repro")) == []
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "results")
+
+    # an ablation of the objective re-runs pretraining and what depends on it, never the baseline
+    ablation = stages_run(sh(repo, "dvc", "exp", "run", "-S", "objectives.mlm.mask_rate=0.3"))
+    assert ablation == ["pretrain@encoder_mlm", "finetune@encoder_mlm-rte", "evaluate"]

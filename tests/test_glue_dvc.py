@@ -50,12 +50,16 @@ def test_real_rte_end_to_end_through_dvc_repro(tmp_path: Path, glue_dir: Path) -
     sh(repo, "git", "commit", "-qm", "rte")
 
     first = stages_run(sh(repo, "dvc", "repro"))
-    assert first[-4:] == [
-        "pretrain@encoder_mlm",
-        "finetune@encoder_mlm-rte",
-        "finetune_scratch@encoder_mlm-rte",
-        "evaluate",
-    ] and "glue_prepare" in first
+    assert (
+        first[-4:]
+        == [
+            "pretrain@encoder_mlm",
+            "finetune@encoder_mlm-rte",
+            "finetune_scratch@encoder_mlm-rte",
+            "evaluate",
+        ]
+        and "glue_prepare" in first
+    )
     predictions = pd.read_parquet(repo / "data/finetune/encoder_mlm/rte/pretrained/seed1/validation.parquet")
     assert len(predictions) == 277 and set(predictions["prediction"]) <= {0, 1}  # the whole real dev set
     glue = json.loads((repo / "metrics/glue.json").read_text())

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+from sklearn.metrics import accuracy_score
 
 from tests.conftest import ROOT
 
@@ -63,8 +64,11 @@ def test_real_rte_end_to_end_through_dvc_repro(tmp_path: Path, glue_dir: Path) -
     predictions = pd.read_parquet(repo / "data/finetune/encoder_mlm/rte/pretrained/seed1/validation.parquet")
     assert len(predictions) == 277 and set(predictions["prediction"]) <= {0, 1}  # the whole real dev set
     glue = json.loads((repo / "metrics/glue.json").read_text())
+    labels = pd.read_csv(glue_dir / "RTE/dev.tsv", sep="\t", quoting=3)["label"] == "not_entailment"
     for init in ["pretrained", "scratch"]:
-        assert 30 < glue["encoder_mlm"][init]["rte"] < 70  # a CI-sized model: about chance, but scored
+        found = pd.read_parquet(repo / f"data/finetune/encoder_mlm/rte/{init}/seed1/validation.parquet")
+        expected = 100 * accuracy_score(labels.astype(int), found["prediction"])
+        assert abs(glue["encoder_mlm"][init]["rte"] - expected) < 1e-9  # real predictions, sklearn's score
         assert glue["encoder_mlm"][init]["average"] == glue["encoder_mlm"][init]["rte"]
     report = (repo / "reports/glue.md").read_text()
     assert "Synthetic" not in report and "| Model | Init | RTE Acc | Average |" in report

@@ -92,26 +92,35 @@ def collect(params: Params) -> pd.DataFrame:
                         "re-run the fine-tuning stages (dvc repro)"
                     )
                 for seed in params.finetune.seeds:
-                    run_id = summary["seeds"][str(seed)]["run_id"]
                     for split in task.eval_splits:
                         found = score_predictions(run_dir / f"seed{seed}" / f"{split}.parquet", task, split)
                         for metric, value in found.items():
-                            key = evaluation_key(task, split)
-                            rows.append((model, init, name, key, seed, metric, value, run_id))
-    return pd.DataFrame(
-        rows, columns=["model", "init", "task", "evaluation", "seed", "metric", "value", "mlflow_run_id"]
-    )
+                            rows.append((model, init, name, evaluation_key(task, split), seed, metric, value))
+    return pd.DataFrame(rows, columns=["model", "init", "task", "evaluation", "seed", "metric", "value"])
 
 
-def log_to_finetune_runs(table: pd.DataFrame) -> None:
+def log_to_finetune_runs(table: pd.DataFrame, experiment: str) -> None:
     """Each fine-tune's MLflow run gets its own GLUE scores (`<evaluation>/<metric>`), so the runs of
-    one (model, task, seed) compare in the MLflow UI as they do in the report."""
-    from stages.tracking import log_to_run
+    one (model, task, seed) compare in the MLflow UI as they do in the report. The run is the one
+    tagged with the digest of the very predictions scored."""
+    from stages.finetune import predictions_sha256
+    from stages.tracking import find_run, log_to_run
 
     missing = 0
-    for run_id, rows in table.groupby("mlflow_run_id", sort=False):
-        found = log_to_run(run_id, {f"{r.evaluation}/{r.metric}": r.value for r in rows.itertuples()})
-        missing += not found
+    for (model, init, name, seed), rows in table.groupby(["model", "init", "task", "seed"], sort=False):
+        tags = {
+            "stage": "finetune",
+            "model": model,
+            "task": name,
+            "init": init,
+            "seed": str(seed),
+            "predictions_sha256": predictions_sha256(FINETUNE / model / name / init / f"seed{seed}"),
+        }
+        run_id = find_run(experiment, tags)
+        if run_id is None:
+            missing += 1
+        else:
+            log_to_run(run_id, {f"{r.evaluation}/{r.metric}": r.value for r in rows.itertuples()})
     if missing:
         log.warning(
             "evaluate: %d fine-tune runs are not in this MLflow store; their scores are in reports/", missing
@@ -285,7 +294,7 @@ def main() -> None:
             pd.DataFrame(plot_rows).to_csv(handle, index=False)
         write_json(Path("metrics/glue.json"), summary)
         run.log_metrics(summary)
-        log_to_finetune_runs(table)
+        log_to_finetune_runs(table, params.tracking.experiment)
         for path in ("metrics/glue.json", "reports/glue.md", "reports/glue.csv", "reports/glue.png"):
             run.log_artifact(path)
         for model in summary:

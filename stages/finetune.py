@@ -18,20 +18,38 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stages.common import StageError, atomic_dir, cpu_threads, log, read_json, run_main, write_json
+from stages.common import (
+    StageError,
+    atomic_dir,
+    cpu_threads,
+    log,
+    read_json,
+    run_main,
+    sha256_file,
+    write_json,
+)
 from stages.glue import TASKS, GlueTask
 from stages.params import Params, load_params
-from stages.tracking import stage_run
+from stages.tracking import find_run, stage_run
 
 TOKENIZER = Path("data/tokenizer")
 GLUE = Path("data/glue")
 OUT = Path("data/finetune")
 
 
+def predictions_sha256(seed_dir: Path) -> str:
+    """The digest of one seed's prediction files: it tags the seed's MLflow run, so that `evaluate` finds
+    the run of exactly these predictions while the stage's outputs stay free of run ids."""
+    digest = hashlib.sha256()
+    for path in sorted(seed_dir.glob("*.parquet")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def tokenizer_meta() -> dict[str, Any]:
     meta = read_json(TOKENIZER / "tokenizer.json", "tokenizer")
     model = TOKENIZER / "spm.model"
-    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    digest = sha256_file(model)
     if digest != meta["sha256"]:
         raise StageError(
             f"{model}: sha256 {digest[:12]} is not the {meta['sha256'][:12]} that tokenizer.json records; "
@@ -79,8 +97,8 @@ def backbone(params: Params, name: str, init: str, vocab_size: int, seed: int) -
         raise StageError(f"params.yaml: models.{name}: {exc}") from None
 
 
-def pretrained_config(name: str, tokenizer_sha: str) -> dict[str, Any]:
-    """The exported model's config, refused if it was pretrained on another tokenizer's ids."""
+def check_tokenizer(name: str, tokenizer_sha: str) -> None:
+    """Refuse a checkpoint pretrained on another tokenizer's ids."""
     path = Path("checkpoints") / name / "final" / "config.json"
     config = read_json(path, f"pretrain@{name}")
     if config.get("tokenizer_sha256") != tokenizer_sha:
@@ -88,7 +106,6 @@ def pretrained_config(name: str, tokenizer_sha: str) -> dict[str, Any]:
             f"{path}: the model was pretrained with tokenizer {str(config.get('tokenizer_sha256'))[:12]}, "
             f"but data/tokenizer is {tokenizer_sha[:12]}; re-run pretrain@{name} (dvc repro)"
         )
-    return config
 
 
 def device(accelerator: str) -> Any:
@@ -123,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     recipe, common = params.finetune.tasks[task.name], params.finetune.common
     variant = params.models[name]
     tok = tokenizer_meta()
-    pretrain_cfg = pretrained_config(name, tok["sha256"]) if init == "pretrained" else {}
+    if init == "pretrained":
+        check_tokenizer(name, tok["sha256"])
 
     train = read_split(task, "train")
     if recipe.max_train_rows and recipe.max_train_rows < len(train):
@@ -150,8 +168,12 @@ def main(argv: list[str] | None = None) -> None:
         "tokenizer_sha256": tok["sha256"],
         "data.synthetic": params.glue.synthetic,
     }
-    if pretrain_cfg.get("mlflow_run_id"):
-        tags["pretrain_run_id"] = pretrain_cfg["mlflow_run_id"]
+    weights_sha = None
+    if init == "pretrained":
+        weights_sha = sha256_file(Path("checkpoints") / name / "final" / "model.safetensors")
+        found = find_run(params.tracking.experiment, {"stage": "pretrain", "weights_sha256": weights_sha})
+        if found:
+            tags["pretrain_run_id"] = found
     logged_params = {
         f"models.{name}": variant.model_dump(exclude_none=True),
         f"finetune.tasks.{task.name}": recipe.model_dump(),
@@ -207,14 +229,16 @@ def main(argv: list[str] | None = None) -> None:
                         {"idx": frame["idx"], "label": labels, "prediction": predictions}
                     ).to_parquet(tmp / f"seed{seed}" / f"{split}.parquet", index=False)
                 seconds = time.perf_counter() - started
+                digest = predictions_sha256(tmp / f"seed{seed}")
                 # the GLUE metrics come from `evaluate`, which scores the predictions and logs them here
+                run.set_tags({"predictions_sha256": digest})
                 run.log_metrics({"loss": eval_losses, "steps": len(losses), "train_seconds": seconds})
+            # no run id or timing here: the same params give the same bytes
             results[str(seed)] = {
-                "run_id": run.run_id,
                 "steps": len(losses),
                 "train_loss": losses[-1],
                 "eval_loss": eval_losses,
-                "seconds": round(seconds, 2),
+                "predictions_sha256": digest,
             }
             log.info(
                 "%s seed %d: %d steps in %.1f s, train loss %.3f, %s",
@@ -238,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
                 "steps": cfg.total_steps(len(train)),
                 "synthetic": params.glue.synthetic,
                 "tokenizer_sha256": tok["sha256"],
-                "pretrain_run_id": pretrain_cfg.get("mlflow_run_id"),
+                "weights_sha256": weights_sha,  # of the pretrained checkpoint; None from scratch
                 "seeds": results,
             },
         )

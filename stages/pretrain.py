@@ -21,7 +21,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from stages.common import StageError, atomic_dir, atomic_file, log, read_json, run_main, write_json
+from stages.common import (
+    StageError,
+    atomic_dir,
+    atomic_file,
+    log,
+    read_json,
+    run_main,
+    sha256_file,
+    write_json,
+)
 from stages.params import Params, load_params
 from stages.tracking import DEFAULT_TRACKING_URI, PARENT_RUN_ENV, flatten, git_commit
 
@@ -255,9 +264,11 @@ def main(argv: list[str] | None = None) -> None:
                 "tokenizer_sha256": meta["tokenizer_sha256"],
                 "steps": steps,
                 "synthetic": meta["synthetic"],
-                "mlflow_run_id": logger.run_id,  # fine-tunes link back to this run
             },
         )
+        # fine-tunes find this run by the digest of the weights they load (no run id in the outputs)
+        weights = Path("checkpoints") / name / "final" / "model.safetensors"
+        logger.experiment.set_tag(logger.run_id, "weights_sha256", sha256_file(weights))
         write_json(Path("metrics/pretrain") / f"{name}.json", summary)
         write_curve(Path("plots/pretrain") / f"{name}.csv", module.history)
         logger.log_metrics({"final/steps": steps, "final/minutes": minutes})

@@ -100,17 +100,28 @@ def stage_run(
         mlflow.log_metric("duration_s", time.perf_counter() - started)
 
 
-def log_to_run(run_id: str, metrics: Mapping[str, float]) -> bool:
-    """Metrics into an existing (finished) run of the current store; False if the store lacks it."""
+def _client() -> Any:
     import mlflow
-    from mlflow.entities import Metric
-    from mlflow.exceptions import MlflowException
 
-    client = mlflow.MlflowClient(os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
-    try:
-        client.get_run(run_id)
-    except MlflowException:
-        return False
+    return mlflow.MlflowClient(os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+
+
+def find_run(experiment: str, tags: Mapping[str, str]) -> str | None:
+    """The latest run of `experiment` carrying all of `tags`, or None."""
+    client = _client()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = client.search_runs(
+        [found.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def log_to_run(run_id: str, metrics: Mapping[str, float]) -> None:
+    """Metrics into an existing (finished) run."""
+    from mlflow.entities import Metric
+
     now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
-    return True
+    _client().log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])

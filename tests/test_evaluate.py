@@ -14,6 +14,7 @@ import scipy.stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from stages.common import StageError
+from stages.finetune import predictions_sha256
 from stages.glue import TASKS, read_tsv
 from tests.conftest import Workdir
 
@@ -76,6 +77,7 @@ def scored(workdir: Workdir, glue_dir: Path) -> Workdir:
     for (name, split), frame in truth.items():
         (workdir.path / "data/glue" / name).mkdir(parents=True, exist_ok=True)
         frame.to_parquet(workdir.path / "data/glue" / name / f"{split}.parquet", index=False)
+    runs = {}
     for m, model in enumerate(MODELS):
         for i, init in enumerate(["pretrained", "scratch"]):
             for name in [*REAL_TASKS, "mnli"]:
@@ -97,10 +99,19 @@ def scored(workdir: Workdir, glue_dir: Path) -> Workdir:
                         pd.DataFrame(
                             {"idx": frame["idx"], "label": labels, "prediction": predictions}
                         ).to_parquet(run_dir / f"seed{seed}" / f"{split}.parquet", index=False)
-                    tags = {"model": model, "task": name, "init": init, "seed": str(seed)}
-                    seeds[str(seed)] = {"run_id": finished_run(tags)}
+                    tags = {
+                        "stage": "finetune",
+                        "model": model,
+                        "task": name,
+                        "init": init,
+                        "seed": str(seed),
+                    }
+                    digest = predictions_sha256(run_dir / f"seed{seed}")
+                    runs[(model, init, name, seed)] = finished_run({**tags, "predictions_sha256": digest})
+                    finished_run({**tags, "predictions_sha256": "an older run of other predictions"})
+                    seeds[str(seed)] = {"predictions_sha256": digest}
                 (run_dir / "summary.json").write_text(json.dumps({"seeds": seeds}))
-    workdir.truth = truth
+    workdir.truth, workdir.runs = truth, runs
     return workdir
 
 
@@ -184,8 +195,9 @@ def test_every_fine_tune_run_gets_its_scores_in_mlflow(scored: Workdir) -> None:
     evaluate.main()
     per_seed = pd.read_csv(scored.path / "reports/glue.csv")
     client = mlflow.MlflowClient()
-    for run_id, rows in per_seed.groupby("mlflow_run_id"):
-        metrics = client.get_run(run_id).data.metrics
+    for key, rows in per_seed.groupby(["model", "init", "task", "seed"]):
+        metrics = client.get_run(scored.runs[key]).data.metrics
+        assert len(metrics) == len(rows)
         for row in rows.itertuples():
             assert metrics[f"{row.evaluation}/{row.metric}"] == pytest.approx(row.value, abs=1e-12)
     experiment = client.get_experiment_by_name("lmpipe")

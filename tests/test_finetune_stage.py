@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stages.common import StageError
+from stages.common import StageError, sha256_file
+from stages.finetune import predictions_sha256
 from tests.conftest import Workdir
 from tests.pipeline_helpers import run_stages
 
@@ -55,14 +56,14 @@ def out(workdir: Workdir, init: str) -> Path:
 
 
 def test_predictions_and_summary_of_both_inits(tuned: Workdir) -> None:
-    checkpoint = json.loads((tuned.path / "checkpoints/enc/final/config.json").read_text())
+    weights = sha256_file(tuned.path / "checkpoints/enc/final/model.safetensors")
     frames = {}
     for init in ["pretrained", "scratch"]:
         summary = json.loads((out(tuned, init) / "summary.json").read_text())
         assert summary["train_rows"] == 64 and summary["steps"] == 2 and summary["synthetic"] is True
         assert summary["eval_rows"] == {"validation": 100}
         assert set(summary["seeds"]) == {"1", "2"}
-        assert summary["pretrain_run_id"] == (checkpoint["mlflow_run_id"] if init == "pretrained" else None)
+        assert summary["weights_sha256"] == (weights if init == "pretrained" else None)
         for seed in [1, 2]:
             frame = pd.read_parquet(out(tuned, init) / f"seed{seed}/validation.parquet")
             assert list(frame.columns) == ["idx", "label", "prediction"] and len(frame) == 100
@@ -77,11 +78,22 @@ def test_one_mlflow_run_per_seed_linked_to_the_pretraining_run(tuned: Workdir) -
 
     client = mlflow.MlflowClient()
     experiment = client.get_experiment_by_name("lmpipe")
-    checkpoint = json.loads((tuned.path / "checkpoints/enc/final/config.json").read_text())
+    weights = sha256_file(tuned.path / "checkpoints/enc/final/model.safetensors")
+    (pretraining,) = client.search_runs(
+        [experiment.experiment_id], f"tags.stage = 'pretrain' and tags.weights_sha256 = '{weights}'"
+    )
+    assert pretraining.data.tags["model"] == "enc"
     for init in ["pretrained", "scratch"]:
         summary = json.loads((out(tuned, init) / "summary.json").read_text())
         for seed, entry in summary["seeds"].items():
-            run = client.get_run(entry["run_id"])
+            digest = entry["predictions_sha256"]
+            assert digest == predictions_sha256(out(tuned, init) / f"seed{seed}")
+            (run,) = client.search_runs(
+                [experiment.experiment_id],
+                f"tags.predictions_sha256 = '{digest}' and tags.init = '{init}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
             tags = run.data.tags
             assert run.info.status == "FINISHED" and run.info.experiment_id == experiment.experiment_id
             assert tags["stage"] == "finetune" and tags["mlflow.runName"] == (
@@ -102,9 +114,7 @@ def test_one_mlflow_run_per_seed_linked_to_the_pretraining_run(tuned: Workdir) -
                 init,
                 seed,
             )
-            assert tags.get("pretrain_run_id") == (
-                checkpoint["mlflow_run_id"] if init == "pretrained" else None
-            )
+            assert tags.get("pretrain_run_id") == (pretraining.info.run_id if init == "pretrained" else None)
             assert tags["data.synthetic"] == "True"
             assert run.data.params["finetune.tasks.stsb.max_train_rows"] == "64"
             assert run.data.metrics["loss.validation"] == pytest.approx(entry["eval_loss"]["validation"])
@@ -117,10 +127,11 @@ def test_same_params_same_predictions(tuned: Workdir) -> None:
         files = sorted(out(tuned, "scratch").glob("seed*/*.parquet"))
         return {str(p.relative_to(out(tuned, "scratch"))): pd.read_parquet(p) for p in files}
 
-    before = predictions()
+    before, summary = predictions(), (out(tuned, "scratch") / "summary.json").read_bytes()
     with tuned.changed(OVERRIDES):
         finetune(tuned, "enc", "stsb", "--init", "scratch")
     after = predictions()
+    assert (out(tuned, "scratch") / "summary.json").read_bytes() == summary  # no run ids, no timings
     assert list(before) == ["seed1/validation.parquet", "seed2/validation.parquet"] == list(after)
     for name in before:
         pd.testing.assert_frame_equal(before[name], after[name])

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from stages.common import StageError, atomic_file, log, read_json, run_main, write_json
+from stages.finetune import predictions_sha256, stage_name
 from stages.glue import TASKS, GlueTask, glue_average, scores
 from stages.params import Params, load_params
 from stages.tracking import stage_run
@@ -56,13 +57,12 @@ def evaluation_title(key: str) -> str:
     return TASK_NAMES[task] + (f"-{suffix}" if suffix else "")
 
 
-def score_predictions(path: Path, task: GlueTask, split: str) -> dict[str, float]:
-    """One seed's predictions scored against the labels of `data/glue`."""
+def score_predictions(path: Path, task: GlueTask, split: str, truth: pd.DataFrame) -> dict[str, float]:
+    """One seed's predictions scored against `truth`, the split's `idx, label` from `data/glue`."""
     try:
         predictions = pd.read_parquet(path, columns=["idx", "prediction"])
     except FileNotFoundError:
         raise StageError(f"{path}: missing; run the fine-tuning stages first (dvc repro)") from None
-    truth = pd.read_parquet(GLUE / task.name / f"{split}.parquet", columns=["idx", "label"])
     if predictions.empty or predictions["idx"].duplicated().any():
         raise StageError(f"{path}: expected one prediction per example, got {len(predictions)} rows")
     joined = predictions.merge(truth, on="idx", how="left")
@@ -76,15 +76,19 @@ def score_predictions(path: Path, task: GlueTask, split: str) -> dict[str, float
 
 def collect(params: Params) -> pd.DataFrame:
     """Long table: model, init, task, evaluation, seed, metric, value (fractions)."""
+    # every split's labels read once, however many models, inits and seeds are scored on them
+    truth = {
+        (name, split): pd.read_parquet(GLUE / name / f"{split}.parquet", columns=["idx", "label"])
+        for name in params.glue.tasks
+        for split in TASKS[name].eval_splits
+    }
     rows = []
     for model in params.models:
         for name in params.glue.tasks:
             task = TASKS[name]
             for init in INITS:
                 run_dir = FINETUNE / model / name / init
-                summary = read_json(
-                    run_dir / "summary.json", f"finetune{'_scratch' * (init == 'scratch')}@{model}-{name}"
-                )
+                summary = read_json(run_dir / "summary.json", stage_name(model, name, init))
                 missing = [s for s in params.finetune.seeds if str(s) not in summary["seeds"]]
                 if missing:
                     raise StageError(
@@ -93,7 +97,9 @@ def collect(params: Params) -> pd.DataFrame:
                     )
                 for seed in params.finetune.seeds:
                     for split in task.eval_splits:
-                        found = score_predictions(run_dir / f"seed{seed}" / f"{split}.parquet", task, split)
+                        found = score_predictions(
+                            run_dir / f"seed{seed}" / f"{split}.parquet", task, split, truth[(name, split)]
+                        )
                         for metric, value in found.items():
                             rows.append((model, init, name, evaluation_key(task, split), seed, metric, value))
     return pd.DataFrame(rows, columns=["model", "init", "task", "evaluation", "seed", "metric", "value"])
@@ -103,7 +109,6 @@ def log_to_finetune_runs(table: pd.DataFrame, experiment: str) -> None:
     """Each fine-tune's MLflow run gets its own GLUE scores (`<evaluation>/<metric>`), so the runs of
     one (model, task, seed) compare in the MLflow UI as they do in the report. The run is the one
     tagged with the digest of the very predictions scored."""
-    from stages.finetune import predictions_sha256
     from stages.tracking import find_run, log_to_run
 
     missing = 0

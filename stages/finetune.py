@@ -37,6 +37,10 @@ GLUE = Path("data/glue")
 OUT = Path("data/finetune")
 
 
+def stage_name(model: str, task: str, init: str) -> str:
+    return f"finetune{'_scratch' if init == 'scratch' else ''}@{model}-{task}"
+
+
 def predictions_sha256(seed_dir: Path) -> str:
     """The digest of one seed's prediction files: it tags the seed's MLflow run, so that `evaluate` finds
     the run of exactly these predictions while the stage's outputs stay free of run ids."""
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
 
     target = device(common.accelerator)
     num_labels = 1 if task.is_regression else len(task.labels or ())
-    stage = f"finetune{'_scratch' if init == 'scratch' else ''}@{name}-{task.name}"
+    stage = stage_name(name, task.name, init)
     tags = {
         "model": name,
         "arch": variant.arch,

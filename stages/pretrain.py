@@ -2,8 +2,9 @@
 
 Reads `data/tokens`, writes `checkpoints/<model>/final/{config.json, model.safetensors}` (later stages
 load only these), `metrics/pretrain/<model>.json` and the loss curve `plots/pretrain/<model>.csv`.
-Lightning checkpoints in `checkpoints/<model>/resume` (a persistent DVC output) let a re-run after an
-interruption continue where it stopped, as long as nothing that shapes the run has changed.
+Lightning checkpoints in `checkpoints/<model>/resume` (beside the DVC outputs, not one of them, so DVC
+never deletes them) let a re-run after an interruption continue where it stopped, as long as nothing
+that shapes the run has changed.
 """
 
 from __future__ import annotations

@@ -1,0 +1,427 @@
+"""Ablation sweeps: a grid of params, every point a DVC experiment, one comparison at the end.
+
+Each point runs as `dvc exp run --temp --name <sweep>-<i> -S key=value ...`: in its own temporary
+copy of the workspace (DVC releases its repository lock while the experiment runs), so up to
+`max_parallel` points run at once without touching each other's outputs or the workspace. Stages a
+point does not change are skipped as DVC always does (commit a reproduced baseline first and only
+what the swept params reach re-runs). MLflow gets one parent run for the sweep, one child per point
+tagged with its overridden values, and every stage run of the point nested under that child. The
+comparison (markdown, csv, plots) goes to reports/ablation/<sweep>/ and to the parent run.
+
+    python -m flows.ablation masking_rate
+    python -m flows.ablation --grid '{"objectives.mlm.mask_rate": [0.1, 0.2], "pretrain.lr": [1e-3, 3e-4]}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import io
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.futures import as_completed
+
+from flows.pipeline import PipelineError, _env, _last_line, check_overrides, pool_overrides
+from stages.tracking import DEFAULT_TRACKING_URI, PARENT_RUN_ENV, git_commit
+
+MODELS_KEY = "models"  # a grid key of its own: which model variants of params.yaml a point trains
+MLM = "objectives.mlm"
+
+# Named after the seeds' tables (../shared/seeds): BERT Table 5 and its 80/10/10 ablation, T5's
+# architecture comparison and its corruption-rate table.
+PRESETS: dict[str, dict[str, list[Any]] | list[dict[str, Any]]] = {
+    "masking_rate": {MODELS_KEY: ["encoder_mlm"], f"{MLM}.mask_rate": [0.10, 0.15, 0.20, 0.25]},
+    "mask_split": [  # 100 % [MASK] vs BERT's 80/10/10
+        {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_fraction": 1.0, f"{MLM}.random_fraction": 0.0},
+        {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_fraction": 0.8, f"{MLM}.random_fraction": 0.1},
+    ],
+    "architecture": {MODELS_KEY: ["encoder_mlm", "decoder_clm", "encdec_span"]},
+    "span_density": {MODELS_KEY: ["encdec_span"], "objectives.span.noise_density": [0.10, 0.15, 0.25, 0.50]},
+}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
+
+
+def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A dict of value lists is their product (in key order); a list of dicts is the points as given."""
+    if isinstance(grid, Mapping):
+        for key, values in grid.items():
+            if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+                raise PipelineError(f"grid key '{key}': give a non-empty list of values")
+        return [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
+    points = [dict(point) for point in grid]
+    if not points or not all(points):
+        raise PipelineError("grid: give at least one point, each with at least one key")
+    return points
+
+
+def hydra_value(value: Any) -> str:
+    """A value as `dvc exp run -S key=<value>` parses it back to the same YAML value."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    return json.dumps(value)  # numbers, true/false, null
+
+
+def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_file: Path) -> list[str]:
+    """A point as DVC's -S overrides; `models` keeps only the named variants (the rest are deleted)."""
+    overrides = []
+    for key, value in point.items():
+        if key == MODELS_KEY:
+            keep = [value] if isinstance(value, str) else list(value)
+            known = list(params.get(MODELS_KEY) or {})
+            unknown = [name for name in keep if name not in known]
+            if unknown:
+                raise PipelineError(
+                    f"grid key 'models': {params_file} has no model {unknown[0]!r} (has {known})"
+                )
+            overrides += [f"~models.{name}" for name in known if name not in keep]
+        else:
+            overrides.append(f"{key}={hydra_value(value)}")
+    overrides = [*pool_overrides(overrides), *overrides]
+    check_overrides(params_file.parent, overrides)
+    return overrides
+
+
+def label(point: Mapping[str, Any], swept: Sequence[str]) -> str:
+    return ", ".join(f"{key.split('.')[-1]}={_text(point[key])}" for key in swept) or "baseline"
+
+
+def _text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    experiment: str  # the DVC experiment's name
+    values: dict[str, Any]
+    overrides: list[str]
+    run_id: str  # its MLflow run, parent of its stage runs
+
+
+@task(task_run_name="{point.experiment}")
+def run_point(repo_dir: Path, point: Point, tracking_uri: str) -> dict[str, Any]:
+    """The point as a DVC experiment in a temporary workspace; its metrics and loss curves back."""
+    logger = get_run_logger()
+    env = _env({PARENT_RUN_ENV: point.run_id, "MLFLOW_TRACKING_URI": tracking_uri})
+    command = ["dvc", "--wait-for-lock", "exp", "run", "--temp", "--name", point.experiment]
+    for override in point.overrides:
+        command += ["-S", override]
+    logger.info("%s", " ".join(command))
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", *command], cwd=repo_dir, env=env, capture_output=True, text=True
+    )
+    ran = re.findall(r"Running stage '([^']+)'", result.stdout + result.stderr)
+    logger.info("%s: ran %s", point.experiment, ", ".join(ran) or "nothing (all cached)")
+    if result.returncode != 0:
+        raise RuntimeError(f"{point.experiment}: {_last_line(result.stderr or result.stdout)}")
+    # the experiment's own outputs, from the DVC cache through its commit
+    glue = json.loads(_read(repo_dir, "metrics/glue.json", point.experiment))
+    curves = {
+        model: pd.read_csv(io.StringIO(_read(repo_dir, f"plots/pretrain/{model}.csv", point.experiment)))
+        for model in glue
+    }
+    return {"glue": glue, "curves": curves, "stages_run": ran, "seconds": time.perf_counter() - started}
+
+
+def _read(repo_dir: Path, path: str, experiment: str) -> str:
+    import dvc.api
+
+    return dvc.api.read(path, repo=str(repo_dir), rev=experiment)
+
+
+def comparison(
+    points: Sequence[Point], results: Mapping[int, dict[str, Any]], swept: Sequence[str]
+) -> pd.DataFrame:
+    """One row per (point, model): the swept values, GLUE average and tasks (pretrained), Δ vs scratch."""
+    rows = []
+    for point in points:
+        if point.index not in results:
+            continue
+        for model, scores in results[point.index]["glue"].items():
+            row: dict[str, Any] = {"experiment": point.experiment, "point": label(point.values, swept)}
+            row.update(
+                {key: _text(point.values[key]) if key == MODELS_KEY else point.values[key] for key in swept}
+            )
+            row["model"] = model
+            row["glue_average"] = scores["pretrained"]["average"]
+            row.update({task: v for task, v in scores["pretrained"].items() if task != "average"})
+            row["delta_average"] = scores["delta"]["average"]
+            curve = results[point.index]["curves"][model]["train_loss"].dropna()
+            row["final_train_loss"] = float(curve.iloc[-1]) if len(curve) else float("nan")
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def markdown(table: pd.DataFrame, sweep: str, swept: Sequence[str], synthetic: bool) -> str:
+    shown = table.drop(columns=["point"]).copy()
+    scores = [c for c in shown.columns if c not in swept and c not in ("experiment", "model")]
+    for column in scores:
+        shown[column] = shown[column].map(lambda v: f"{v:.2f}")
+    header = (
+        f"# Ablation `{sweep}`\n\n"
+        "GLUE validation ×100 of the pretrained models, median over fine-tuning seeds; "
+        "delta_average = pretrained − scratch.\n"
+    )
+    if synthetic:
+        header += "\n> **Synthetic data** (offline default profile): shows the pipeline, not the papers.\n"
+    lines = ["| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in shown.itertuples(index=False)]
+    return header + "\n" + "\n".join(lines) + "\n"
+
+
+def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
+    """GLUE average and each task against the swept value, one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = ["glue_average"] + [c for c in table.columns if c not in _NON_TASK and c not in swept]
+    numeric = len(swept) == 1 and swept[0] != MODELS_KEY and pd.api.types.is_numeric_dtype(table[swept[0]])
+    x_of = (lambda frame: frame[swept[0]]) if numeric else (lambda frame: frame["point"])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for model, frame in table.groupby("model", sort=False):
+            ax.plot(x_of(frame), frame[metric], marker="o", label=model)
+        ax.set_title("GLUE average" if metric == "glue_average" else metric)
+        ax.set_xlabel(swept[0] if numeric else "point")
+        ax.tick_params(axis="x", labelrotation=0 if numeric else 30)
+    axes[0][0].set_ylabel("score ×100")
+    axes[0][0].legend(fontsize="small")
+    fig.tight_layout()
+    return _png(fig, plt)
+
+
+def plot_losses(
+    points: Sequence[Point], results: Mapping[int, dict[str, Any]], swept: Sequence[str]
+) -> bytes:
+    """The pretraining loss curves of every point and model, overlaid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for point in points:
+        for model, curve in results.get(point.index, {}).get("curves", {}).items():
+            train = curve.dropna(subset=["train_loss"])
+            ax.plot(train["step"], train["train_loss"], label=f"{model}: {label(point.values, swept)}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("pretraining train loss")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _png(fig, plt)
+
+
+_NON_TASK = {"experiment", "point", "model", "glue_average", "delta_average", "final_train_loss", MODELS_KEY}
+
+
+def _png(fig: Any, plt: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+class _Tracking:
+    """The sweep's MLflow parent run and one child run per point."""
+
+    def __init__(self, repo_dir: Path, experiment: str) -> None:
+        import mlflow
+
+        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI.replace(
+            "sqlite:///", f"sqlite:///{repo_dir}/"
+        )  # absolute: the points' stages run in temporary copies of the workspace
+        self.client = mlflow.MlflowClient(self.uri)
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+
+    def start(self, name: str, tags: Mapping[str, Any], parent: str | None = None) -> str:
+        tags = {k: str(v) for k, v in tags.items()}
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+
+    def log(self, run_id: str, metrics: Mapping[str, float], params: Mapping[str, Any] | None = None) -> None:
+        from mlflow.entities import Metric, Param
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if pd.notna(v)],
+            params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
+        )
+
+
+@flow(name="ablation", log_prints=True)
+def ablation(
+    preset: str | None = None,
+    grid: dict[str, list[Any]] | list[dict[str, Any]] | None = None,
+    repo: str = ".",
+    max_parallel: int = 2,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Run every point of `grid` (or of a named preset) as a DVC experiment; compare them.
+
+    Returns the comparison rows and where the report is; a failed point fails the flow after the
+    comparison of the others is written.
+    """
+    logger = get_run_logger()
+    repo_dir = Path(repo).resolve()
+    points_spec = resolve_grid(preset, grid)
+    sweep = name or f"{preset or 'sweep'}-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
+    if not _NAME.match(sweep):
+        raise PipelineError(f"sweep name '{sweep}': letters, digits, '-', '_' and '.' only")
+    params_file = repo_dir / "params.yaml"
+    params = yaml.safe_load(params_file.read_text()) or {}
+    values = expand(points_spec)
+    overrides = [point_overrides(point, params, params_file) for point in values]
+    keys = list(dict.fromkeys(key for point in values for key in point))
+    swept = [key for key in keys if len({json.dumps(p.get(key), sort_keys=True) for p in values}) > 1]
+    if max_parallel < 1:
+        raise PipelineError("max_parallel must be at least 1")
+
+    tracking = _Tracking(repo_dir, params.get("tracking", {}).get("experiment", "lmpipe"))
+    parent = tracking.start(
+        sweep, {"stage": "ablation", "sweep": sweep, "preset": preset or "", "git_commit": git_commit()}
+    )
+    tracking.log(parent, {"points": len(values)}, {"grid": json.dumps(points_spec), "swept": ",".join(swept)})
+    points = []
+    for index, (point_values, point_overrides_) in enumerate(zip(values, overrides, strict=True), start=1):
+        experiment = f"{sweep}-{index}"
+        tags = {"stage": "ablation_point", "sweep": sweep, "dvc_experiment": experiment, "point": index}
+        tags.update({f"param.{key}": _text(value) for key, value in point_values.items()})
+        run_id = tracking.start(experiment, tags, parent=parent)
+        points.append(Point(index, experiment, point_values, point_overrides_, run_id))
+    logger.info("sweep %s: %d points over %s, %d at once", sweep, len(points), swept or keys, max_parallel)
+
+    results, failed = _run_points(repo_dir, points, tracking.uri, max_parallel)
+    for point in points:
+        if point.index in failed:
+            tracking.client.set_terminated(point.run_id, "FAILED")
+            continue
+        scores = results[point.index]["glue"]
+        metrics = {
+            f"glue.{model}.{init}.{key}": value
+            for model, inits in scores.items()
+            for init, by_key in inits.items()
+            for key, value in by_key.items()
+        }
+        metrics["duration_s"] = results[point.index]["seconds"]
+        tracking.log(point.run_id, metrics, {k: _text(v) for k, v in point.values.items()})
+        tracking.client.set_terminated(point.run_id, "FINISHED")
+
+    out = repo_dir / "reports" / "ablation" / sweep
+    table = comparison(points, results, swept)
+    if len(table):
+        out.mkdir(parents=True, exist_ok=True)
+        synthetic = bool(params.get("glue", {}).get("synthetic"))
+        table.to_csv(out / "comparison.csv", index=False)
+        (out / "comparison.md").write_text(markdown(table, sweep, swept, synthetic))
+        (out / "glue.png").write_bytes(plot_scores(table, swept))
+        (out / "pretrain_loss.png").write_bytes(plot_losses(points, results, swept))
+        for path in sorted(out.iterdir()):
+            tracking.client.log_artifact(parent, str(path))
+        create_markdown_artifact((out / "comparison.md").read_text(), key="ablation-comparison")
+        logger.info(
+            "comparison of %d points: %s\n%s",
+            table["experiment"].nunique(),
+            out,
+            markdown(table, sweep, swept, synthetic),
+        )
+    tracking.client.set_terminated(parent, "FAILED" if failed else "FINISHED")
+    if failed:
+        raise PointsFailed(failed)
+    return {"sweep": sweep, "report": str(out), "parent_run_id": parent, "rows": table.to_dict("records")}
+
+
+class PointsFailed(Exception):
+    def __init__(self, failed: Mapping[int, str]) -> None:
+        super().__init__(f"{len(failed)} point(s) failed: " + "; ".join(failed.values()))
+        self.failed = dict(failed)
+
+
+def resolve_grid(
+    preset: str | None, grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None
+) -> Any:
+    if (preset is None) == (grid is None):
+        raise PipelineError(f"give either a preset ({', '.join(PRESETS)}) or a grid, not both or neither")
+    if preset is not None and preset not in PRESETS:
+        raise PipelineError(f"preset '{preset}' is unknown (presets: {', '.join(PRESETS)})")
+    return PRESETS[preset] if preset is not None else grid
+
+
+def _run_points(
+    repo_dir: Path, points: Sequence[Point], tracking_uri: str, max_parallel: int
+) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    logger = get_run_logger()
+    results: dict[int, dict[str, Any]] = {}
+    failed: dict[int, str] = {}
+    waiting = list(points)
+    running: dict[Any, Point] = {}
+    while waiting or running:
+        while waiting and len(running) < max_parallel:
+            point = waiting.pop(0)
+            running[run_point.submit(repo_dir, point, tracking_uri)] = point
+        finished = next(as_completed(list(running)))
+        point = running.pop(finished)
+        outcome = finished.result(raise_on_failure=False)
+        if isinstance(outcome, dict):
+            results[point.index] = outcome
+        else:
+            failed[point.index] = str(outcome)
+            logger.error("point %s failed: %s", point.experiment, outcome)
+    return results, failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.ablation", description=__doc__.split("\n")[0])
+    parser.add_argument("preset", nargs="?", choices=list(PRESETS), help="a named sweep")
+    parser.add_argument("--grid", help='JSON: {"key": [values], ...} (product) or [{"key": value}, ...]')
+    parser.add_argument("--repo", default=".", help="the DVC project (default: here)")
+    parser.add_argument("--max-parallel", type=int, default=2, help="points at once (default 2)")
+    parser.add_argument("--name", help="the sweep's name (default: preset and UTC time)")
+    args = parser.parse_args(argv)
+    try:
+        grid = json.loads(args.grid) if args.grid else None
+    except json.JSONDecodeError as exc:
+        print(f"error: --grid is not JSON: {exc}", file=sys.stderr)
+        return 2
+    try:  # bad input is one line before any flow starts
+        repo_dir = Path(args.repo).resolve()
+        params_file = repo_dir / "params.yaml"
+        params = yaml.safe_load(params_file.read_text()) or {}
+        for point in expand(resolve_grid(args.preset, grid)):
+            point_overrides(point, params, params_file)
+        result = ablation(
+            preset=args.preset, grid=grid, repo=args.repo, max_parallel=args.max_parallel, name=args.name
+        )
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except PointsFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"comparison: {result['report']}/comparison.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,385 @@
+"""The DVC graph as a Prefect flow: one task per stage, upstream first, independent stages at once.
+
+The graph is DVC's own (`Repo.index.graph` over dvc.yaml), never a copy. A task does what
+`dvc repro --single-item <stage>` does, in three steps so that DVC's repository lock is held only for
+the bookkeeping and independent stages really run side by side (one `dvc repro` holds the lock for its
+whole run): `dvc status <stage>` (skip when up to date), the stage's command as dvc.yaml writes it,
+`dvc commit <stage>` (outputs into the cache, hashes into dvc.lock). Stages whose dvc.yaml `meta`
+says `gpu: true` share `gpu_slots` and carry the Prefect tag `gpu` (so a tag concurrency limit on a
+server caps them across flows too); `meta.retries` retries a stage with exponential backoff.
+
+    python -m flows.pipeline                     # the whole graph
+    python -m flows.pipeline --target evaluate -S objectives.mlm.mask_rate=0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.futures import as_completed
+from prefect.tasks import exponential_backoff
+
+from stages.tracking import DEFAULT_TRACKING_URI, PARENT_RUN_ENV
+
+_TAIL_LINES = 20  # of a stage's output, logged when it finishes
+# params overrides from the environment: a work pool's job variables carry its device settings
+PARAMS_OVERRIDES_ENV = "LMPIPE_PARAMS_OVERRIDES"
+
+
+class PipelineError(Exception):
+    """Bad flow input (unknown stage or params key): one line, no traceback."""
+
+
+@dataclass(frozen=True)
+class StageNode:
+    name: str
+    cmds: tuple[str, ...]
+    wdir: str
+    upstream: tuple[str, ...]
+    gpu: bool
+    retries: int
+
+
+@dataclass
+class Summary:
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # up to date
+    failed: dict[str, str] = field(default_factory=dict)  # stage -> its error line
+    not_run: list[str] = field(default_factory=list)  # downstream of a failure
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return (
+            f"{len(self.ran)} ran, {len(self.skipped)} up to date, {len(self.failed)} failed, "
+            f"{len(self.not_run)} not run"
+        )
+
+    def markdown(self) -> str:
+        rows = [f"| {name} | ran | {self.seconds[name]:.1f} |" for name in self.ran]
+        rows += [f"| {name} | up to date | {self.seconds[name]:.1f} |" for name in self.skipped]
+        rows += [
+            f"| {name} | failed: {error} | {self.seconds[name]:.1f} |" for name, error in self.failed.items()
+        ]
+        rows += [f"| {name} | not run (upstream failed) | |" for name in self.not_run]
+        return "\n".join([f"**{self.line()}**", "", "| Stage | Result | Seconds |", "|---|---|---|", *rows])
+
+
+class StageFailed(Exception):
+    def __init__(self, summary: Summary) -> None:
+        super().__init__(f"{summary.line()}: " + "; ".join(f"{k}: {v}" for k, v in summary.failed.items()))
+        self.summary = summary
+
+
+def read_graph(repo_dir: Path) -> dict[str, StageNode]:
+    """Every stage of dvc.yaml (foreach/matrix expanded) with its upstream stages, in DVC's order."""
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    def address(stage: Any) -> str:  # as `dvc repro` takes it when run from the repo's root
+        dvcfile = Path(stage.path)
+        return (
+            stage.name
+            if dvcfile == repo_dir / "dvc.yaml"
+            else f"{dvcfile.relative_to(repo_dir)}:{stage.name}"
+        )
+
+    try:
+        with Repo(str(repo_dir)) as repo:
+            graph = repo.index.graph
+            nodes = {}
+            for stage in repo.index.stages:
+                if not stage.cmd:
+                    continue  # a data source (.dvc file), nothing to run
+                meta = stage.meta or {}
+                nodes[address(stage)] = StageNode(
+                    name=address(stage),
+                    cmds=tuple([stage.cmd] if isinstance(stage.cmd, str) else stage.cmd),
+                    wdir=stage.wdir,
+                    upstream=tuple(address(up) for up in graph.successors(stage) if up.cmd),
+                    gpu=bool(meta.get("gpu", False)),
+                    retries=int(meta.get("retries", 0)),
+                )
+    except DvcException as exc:
+        raise PipelineError(f"{repo_dir}: DVC cannot read the pipeline: {exc}") from None
+    return nodes
+
+
+def select(nodes: Mapping[str, StageNode], targets: Sequence[str] | None) -> dict[str, StageNode]:
+    """The targets (a stage, or a foreach/matrix group such as `pretrain`) and everything upstream."""
+    if not targets:
+        return dict(nodes)
+    wanted: set[str] = set()
+    for target in targets:
+        found = [name for name in nodes if name == target or name.split("@")[0] == target]
+        if not found:
+            raise PipelineError(f"target '{target}' is not a stage of dvc.yaml (stages: {', '.join(nodes)})")
+        wanted.update(found)
+    queue = list(wanted)
+    while queue:
+        for up in nodes[queue.pop()].upstream:
+            if up not in wanted:
+                wanted.add(up)
+                queue.append(up)
+    return {name: node for name, node in nodes.items() if name in wanted}
+
+
+def check_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
+    """Every `key=value` names a key of params.yaml (`+key=` adds one, `~key` deletes one, as in DVC)."""
+    import yaml
+
+    params_file = repo_dir / "params.yaml"
+    params = yaml.safe_load(params_file.read_text()) or {}
+    for override in overrides:
+        key, sep, _ = override.partition("=")
+        if key.startswith(("+", "~")):
+            continue
+        if not sep:
+            raise PipelineError(f"params override '{override}' is not key=value")
+        node: Any = params
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                raise PipelineError(f"params override '{override}': {params_file} has no key '{key}'")
+            node = node[part]
+
+
+def pool_overrides(explicit: Sequence[str] = ()) -> list[str]:
+    """LMPIPE_PARAMS_OVERRIDES (space-separated key=value), minus the keys given explicitly."""
+    given = {o.partition("=")[0].lstrip("+~") for o in explicit}
+    pool = os.environ.get(PARAMS_OVERRIDES_ENV, "").split()
+    return [o for o in pool if o.partition("=")[0].lstrip("+~") not in given]
+
+
+def apply_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
+    """`key=value` into params.yaml with the semantics of `dvc exp run -S`."""
+    if overrides:
+        from dvc.utils.hydra import apply_overrides as dvc_apply
+
+        check_overrides(repo_dir, overrides)
+        dvc_apply(str(repo_dir / "params.yaml"), list(overrides))
+
+
+def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    # stage commands say `python`: the interpreter of this flow, as when DVC runs from this venv
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "DVC_NO_ANALYTICS": "1", **(extra or {})}
+
+
+def dvc(repo_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", "--wait-for-lock", *args],
+        cwd=repo_dir,
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
+
+
+def changed(repo_dir: Path, names: Sequence[str]) -> set[str]:
+    """The stages among `names` that `dvc repro` would run now."""
+    if not names:
+        return set()
+    result = dvc(repo_dir, "status", "--json", *names)
+    if result.returncode != 0:
+        raise PipelineError(f"dvc status failed: {_last_line(result.stderr or result.stdout)}")
+    return set(json.loads(result.stdout or "{}")) & set(names)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+@dataclass(frozen=True)
+class StageResult:
+    name: str
+    ran: bool
+    seconds: float
+
+
+@task(task_run_name="{node.name}")
+def run_stage(repo_dir: Path, node: StageNode, recheck: bool, env: Mapping[str, str]) -> StageResult:
+    """`dvc repro -s <stage>`: skip if up to date, else its command, then its outputs into DVC."""
+    logger = get_run_logger()
+    started = time.perf_counter()
+    if recheck and node.name not in changed(repo_dir, [node.name]):
+        return StageResult(node.name, False, time.perf_counter() - started)
+    for cmd in node.cmds:
+        logger.info("%s: %s", node.name, cmd)
+        result = subprocess.run(cmd, shell=True, cwd=node.wdir, env=_env(env), capture_output=True, text=True)
+        output = (result.stdout + result.stderr).strip().splitlines()
+        if output:
+            logger.info("%s output (last lines):\n%s", node.name, "\n".join(output[-_TAIL_LINES:]))
+        if result.returncode != 0:
+            raise RuntimeError(f"exit {result.returncode}: {_last_line(result.stderr or result.stdout)}")
+    committed = dvc(repo_dir, "commit", "--force", node.name)
+    if committed.returncode != 0:
+        raise RuntimeError(f"dvc commit failed: {_last_line(committed.stderr or committed.stdout)}")
+    return StageResult(node.name, True, time.perf_counter() - started)
+
+
+def schedule(
+    repo_dir: Path,
+    nodes: Mapping[str, StageNode],
+    max_parallel: int,
+    gpu_slots: int,
+    retry_delay_s: float,
+    env: Mapping[str, str],
+) -> Summary:
+    """Submit each stage once all its upstream succeeded; never more than the slots allow."""
+    logger = get_run_logger()
+    summary = Summary()
+    stale = changed(repo_dir, list(nodes))  # one status call; later only downstream of a run stage
+    done: dict[str, bool] = {}  # stage -> ran
+    started: dict[str, float] = {}
+    running: dict[Any, StageNode] = {}
+    pending = list(nodes)
+    while pending or running:
+        for name in list(pending):
+            node = nodes[name]
+            if any(up in summary.failed or up in summary.not_run for up in node.upstream):
+                pending.remove(name)
+                summary.not_run.append(name)
+                continue
+            if not all(up in done for up in node.upstream if up in nodes):
+                continue
+            upstream_ran = any(done.get(up) for up in node.upstream)
+            if not upstream_ran and name not in stale:
+                pending.remove(name)
+                done[name] = False
+                summary.skipped.append(name)
+                summary.seconds[name] = 0.0
+                continue
+            gpu_busy = sum(n.gpu for n in running.values())
+            if len(running) >= max_parallel or (node.gpu and gpu_busy >= gpu_slots):
+                continue
+            options: dict[str, Any] = {"tags": ["gpu"] if node.gpu else ["cpu"]}
+            if node.retries:
+                options["retries"] = node.retries
+                options["retry_delay_seconds"] = exponential_backoff(retry_delay_s)(node.retries)
+            pending.remove(name)
+            started[name] = time.perf_counter()
+            future = run_stage.with_options(**options).submit(repo_dir, node, name not in stale, env)
+            running[future] = node
+        if not running:
+            continue
+        finished = next(as_completed(list(running)))
+        node = running.pop(finished)
+        summary.seconds[node.name] = time.perf_counter() - started[node.name]
+        result = finished.result(raise_on_failure=False)  # the final state, after any retries
+        if isinstance(result, StageResult):
+            done[node.name] = result.ran
+            (summary.ran if result.ran else summary.skipped).append(node.name)
+        else:
+            summary.failed[node.name] = str(result)
+            logger.error("stage %s failed: %s", node.name, result)
+    return summary
+
+
+@flow(name="pipeline", log_prints=True)
+def pipeline(
+    repo: str = ".",
+    targets: list[str] | None = None,
+    overrides: list[str] | None = None,
+    max_parallel: int = 2,
+    gpu_slots: int = 1,
+    retry_delay_s: float = 10.0,
+) -> dict[str, Any]:
+    """Bring the DVC pipeline (or `targets` and their upstream) up to date; return the summary.
+
+    overrides: params as `dvc exp run -S` takes them (`objectives.mlm.mask_rate=0.2`), written
+    into params.yaml first, after those of LMPIPE_PARAMS_OVERRIDES (a work pool's device settings).
+    A failed stage fails the flow; stages downstream of it do not run.
+    """
+    if max_parallel < 1 or gpu_slots < 1:
+        raise PipelineError("max_parallel and gpu_slots must be at least 1")
+    logger = get_run_logger()
+    repo_dir = Path(repo).resolve()
+    overrides = [*pool_overrides(overrides or []), *(overrides or [])]
+    apply_overrides(repo_dir, overrides)
+    nodes = select(read_graph(repo_dir), targets)
+    logger.info("%d stages from %s/dvc.yaml", len(nodes), repo_dir)
+    with _parent_run(repo_dir, targets, overrides) as env:
+        summary = schedule(repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env)
+    logger.info("pipeline: %s\n%s", summary.line(), summary.markdown())
+    create_markdown_artifact(summary.markdown(), key="pipeline-summary", description=summary.line())
+    if summary.failed:
+        raise StageFailed(summary)
+    return asdict(summary)
+
+
+class _parent_run:
+    """An MLflow run the stage runs of this execution nest under (unless a parent is already set)."""
+
+    def __init__(self, repo_dir: Path, targets: Sequence[str] | None, overrides: Sequence[str] | None):
+        self.repo_dir, self.targets, self.overrides = repo_dir, targets, overrides
+        self.run_id: str | None = None
+
+    def __enter__(self) -> dict[str, str]:
+        if os.environ.get(PARENT_RUN_ENV):
+            return {}
+        import mlflow
+        import yaml
+
+        from stages.tracking import git_commit
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI.replace(
+            "sqlite:///", f"sqlite:///{self.repo_dir}/"
+        )
+        self.client = mlflow.MlflowClient(uri)
+        params = yaml.safe_load((self.repo_dir / "params.yaml").read_text()) or {}
+        name = params.get("tracking", {}).get("experiment", "lmpipe")
+        found = self.client.get_experiment_by_name(name)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(name)
+        tags = {"stage": "pipeline", "git_commit": git_commit(), "targets": ",".join(self.targets or [])}
+        tags.update({f"override.{o.partition('=')[0]}": o.partition("=")[2] for o in self.overrides or []})
+        run = self.client.create_run(experiment_id, run_name="pipeline", tags=tags)
+        self.run_id = run.info.run_id
+        return {PARENT_RUN_ENV: self.run_id, "MLFLOW_TRACKING_URI": uri}
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, "FAILED" if exc_type else "FINISHED")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__.split("\n")[0])
+    parser.add_argument("--repo", default=".", help="the DVC project (default: here)")
+    parser.add_argument("--target", action="append", dest="targets", help="a stage or group; repeatable")
+    parser.add_argument("-S", "--set", action="append", dest="overrides", metavar="KEY=VALUE")
+    parser.add_argument("--max-parallel", type=int, default=2, help="stages at once (default 2)")
+    parser.add_argument("--gpu-slots", type=int, default=1, help="stages with meta.gpu at once")
+    args = parser.parse_args(argv)
+    try:  # bad input is one line before any flow starts
+        repo_dir = Path(args.repo).resolve()
+        check_overrides(repo_dir, args.overrides or [])
+        select(read_graph(repo_dir), args.targets)
+        summary = pipeline(
+            repo=args.repo,
+            targets=args.targets,
+            overrides=args.overrides,
+            max_parallel=args.max_parallel,
+            gpu_slots=args.gpu_slots,
+        )
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except StageFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(Summary(**summary).line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

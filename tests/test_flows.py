@@ -1,0 +1,265 @@
+"""The Prefect flows on a real, CI-sized DVC project: the pipeline flow under Prefect's test harness
+(the graph, a no-op second run, a failing stage), one deployment of it run by a real local server and
+process worker, and a 2×2 ablation sweep into DVC experiments, nested MLflow runs and a comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import dvc.api
+import mlflow
+import pandas as pd
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.ablation import ablation
+from flows.pipeline import PipelineError, StageFailed, pipeline, read_graph, select
+from tests.conftest import ROOT
+from tests.flow_helpers import sh, tiny_project
+
+ALL_STAGES = {
+    "sample",
+    "ingest",
+    "clean",
+    "tokenizer",
+    "pack",
+    "glue_prepare",
+    "pretrain@encoder_mlm",
+    "finetune@encoder_mlm-stsb",
+    "finetune_scratch@encoder_mlm-stsb",
+    "evaluate",
+}
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[None]:
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shared by the tests below, in order: the pipeline runs it, the deployment and the sweep reuse it."""
+    return tiny_project(tmp_path_factory.mktemp("flows") / "project")
+
+
+def runs(filter_string: str) -> list[mlflow.entities.Run]:
+    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("lmpipe")
+    return client.search_runs([experiment.experiment_id], filter_string, max_results=1000)
+
+
+def test_graph_is_dvcs_own(project: Path) -> None:
+    nodes = read_graph(project)
+    assert set(nodes) == ALL_STAGES
+    assert set(nodes["evaluate"].upstream) == {
+        "glue_prepare",
+        "finetune@encoder_mlm-stsb",
+        "finetune_scratch@encoder_mlm-stsb",
+    }
+    assert nodes["pretrain@encoder_mlm"].gpu and nodes["pretrain@encoder_mlm"].retries == 2
+    assert not nodes["clean"].gpu and nodes["clean"].retries == 0
+    assert set(select(nodes, ["pack"])) == {"sample", "ingest", "clean", "tokenizer", "pack"}
+    assert "pretrain@encoder_mlm" in select(nodes, ["pretrain"])  # a foreach group by its name
+    with pytest.raises(PipelineError, match="target 'pretrian' is not a stage"):
+        select(nodes, ["pretrian"])
+
+
+def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path) -> None:
+    first = pipeline(repo=str(project), retry_delay_s=0)
+    assert set(first["ran"]) == ALL_STAGES and not first["failed"] and not first["skipped"]
+    order = first["ran"]
+    assert (
+        order.index("pack") < order.index("pretrain@encoder_mlm") < order.index("finetune@encoder_mlm-stsb")
+    )
+    assert order[-1] == "evaluate"
+    assert "up to date" in sh(project, "dvc", "status").stdout  # dvc.lock says what `dvc repro` would
+    assert (project / "reports/glue.md").exists()
+
+    (parent,) = runs("tags.stage = 'pipeline'")
+    assert parent.info.status == "FINISHED"
+    children = runs(f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert {run.data.tags["stage"] for run in children} >= {"clean", "pretrain", "finetune", "evaluate"}
+
+    second = pipeline(repo=str(project), retry_delay_s=0)
+    assert second["ran"] == [] and set(second["skipped"]) == ALL_STAGES
+
+
+def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -> None:
+    state = pipeline(
+        repo=str(project), overrides=["tokenizer.vocab_size=100"], retry_delay_s=0, return_state=True
+    )
+    sh(project, "git", "checkout", "params.yaml")
+    assert state.is_failed()
+    error = state.result(raise_on_failure=False)
+    assert isinstance(error, StageFailed)
+    summary = error.summary
+    assert list(summary.failed) == ["tokenizer"]
+    assert "tokenizer.vocab_size" in summary.failed["tokenizer"]  # the stage's own one-line error
+    assert set(summary.not_run) == {
+        "pack",
+        "pretrain@encoder_mlm",
+        "finetune@encoder_mlm-stsb",
+        "finetune_scratch@encoder_mlm-stsb",
+        "evaluate",
+    }
+    assert set(summary.skipped) == {"sample", "ingest", "clean", "glue_prepare"}
+
+
+def test_bad_flow_input_is_one_line(project: Path) -> None:
+    bad_key = sh(
+        project, sys.executable, "-m", "flows.pipeline", "-S", "tokenizer.vocab_sise=2000", check=False
+    )
+    assert bad_key.returncode == 2
+    assert bad_key.stderr.strip() == (
+        f"error: params override 'tokenizer.vocab_sise=2000': {project}/params.yaml has no key "
+        "'tokenizer.vocab_sise'"
+    )
+    bad_model = sh(
+        project, sys.executable, "-m", "flows.ablation", "--grid", '{"models": ["gpt9"]}', check=False
+    )
+    assert bad_model.returncode == 2
+    assert bad_model.stderr.strip().startswith("error: grid key 'models': ") and "'gpt9'" in bad_model.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen) -> int:
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        return process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return process.wait()
+
+
+def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp_path: Path) -> None:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "PYTHONPATH": str(ROOT),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+    }
+
+    def prefect(*args: str) -> str:
+        result = subprocess.run(
+            [str(BIN / "prefect"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+        )
+        assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+        return result.stdout
+
+    logs = tmp_path / "server.log"
+    server = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=logs.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    worker = None
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, logs.read_text()[-3000:]
+            time.sleep(1)
+        prefect("work-pool", "create", "cpu", "--type", "process")
+        prefect("--no-prompt", "deploy", "--name", "pipeline-cpu")
+        started = prefect(
+            "deployment",
+            "run",
+            "pipeline/pipeline-cpu",
+            "--param",
+            f"repo={project}",
+            "--param",
+            "retry_delay_s=0",
+        )
+        flow_run_id = next(line.split()[-1] for line in started.splitlines() if "UUID" in line)
+        worker = subprocess.Popen(
+            [str(BIN / "prefect"), "worker", "start", "--pool", "cpu"],
+            cwd=ROOT,
+            env=env,
+            stdout=(tmp_path / "worker.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 300
+        while True:
+            state = json.loads(prefect("flow-run", "inspect", flow_run_id, "--output", "json"))["state"]
+            if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(2)
+        assert state["type"] == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
+        assert "10 up to date" in (tmp_path / "worker.log").read_text()  # the summary, from the worker
+    finally:
+        if worker is not None:
+            _stop(worker)
+        _stop(server)
+    assert worker.poll() is not None and server.poll() is not None
+
+
+def test_two_by_two_sweep(harness: None, project: Path) -> None:
+    sh(project, "git", "add", "-A")
+    sh(project, "git", "commit", "-qm", "baseline reproduced")
+    # pretraining keys only: the scratch baselines stay cached, every point pretrains and fine-tunes
+    grid = {"objectives.mlm.mask_rate": [0.1, 0.3], "pretrain.lr": [0.001, 0.002]}
+    result = ablation(grid=grid, repo=str(project), max_parallel=2, name="grid")
+
+    table = pd.read_csv(project / "reports/ablation/grid/comparison.csv")
+    assert len(table) == 4 and list(table["experiment"]) == ["grid-1", "grid-2", "grid-3", "grid-4"]
+    assert list(table["objectives.mlm.mask_rate"]) == [0.1, 0.1, 0.3, 0.3]
+    assert table["stsb"].abs().sum() > 0  # real scores, not a table of zeros
+    for name in ("comparison.md", "glue.png", "pretrain_loss.png"):
+        assert (project / "reports/ablation/grid" / name).stat().st_size > 0
+
+    # four DVC experiments with their params and GLUE metrics
+    shown = {row["Experiment"]: row for row in dvc.api.exp_show(repo=str(project)) if row["Experiment"]}
+    assert set(shown) >= {"grid-1", "grid-2", "grid-3", "grid-4"}
+    for row in table.to_dict("records"):
+        exp = shown[row["experiment"]]
+        assert exp["objectives.mlm.mask_rate"] == row["objectives.mlm.mask_rate"]
+        assert exp["pretrain.lr"] == row["pretrain.lr"]
+        assert exp["encoder_mlm.pretrained.average"] == pytest.approx(row["glue_average"], abs=1e-4)
+
+    # MLflow: one parent, one child per point tagged with its values, the point's stage runs under it
+    parent = result["parent_run_id"]
+    points = runs(f"tags.`mlflow.parentRunId` = '{parent}'")
+    assert len(points) == 4 and {p.data.tags["dvc_experiment"] for p in points} == set(table["experiment"])
+    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    assert {a.path for a in client.list_artifacts(parent)} >= {"comparison.csv", "comparison.md", "glue.png"}
+    for point in points:
+        row = table[table["experiment"] == point.data.tags["dvc_experiment"]].iloc[0]
+        assert float(point.data.tags["param.objectives.mlm.mask_rate"]) == row["objectives.mlm.mask_rate"]
+        assert float(point.data.tags["param.pretrain.lr"]) == row["pretrain.lr"]
+        assert point.data.metrics["glue.encoder_mlm.pretrained.average"] == pytest.approx(row["glue_average"])
+        assert point.data.metrics["glue.encoder_mlm.pretrained.stsb"] == pytest.approx(row["stsb"])
+        stages = runs(f"tags.`mlflow.parentRunId` = '{point.info.run_id}'")
+        by_stage = {run.data.tags["stage"]: run for run in stages}
+        assert {"pretrain", "finetune", "evaluate"} <= set(by_stage)
+        assert all(run.data.tags["dvc_experiment"] == point.data.tags["dvc_experiment"] for run in stages)
+        evaluated = by_stage["evaluate"].data.metrics["encoder_mlm.pretrained.average"]
+        assert evaluated == pytest.approx(row["glue_average"])  # the table is what the stage logged

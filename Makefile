@@ -33,6 +33,7 @@ bench: setup
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python bench/data_throughput.py
 	$(BIN)/python bench/train_throughput.py
+	$(BIN)/python bench/pipeline_flow.py
 
 clean-venv:
 	rm -rf $(VENV)

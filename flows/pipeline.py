@@ -294,8 +294,12 @@ def pipeline(
     max_parallel: int = 2,
     gpu_slots: int = 1,
     retry_delay_s: float = 10.0,
+    remote: str | None = None,
 ) -> dict[str, Any]:
     """Bring the DVC pipeline (or `targets` and their upstream) up to date; return the summary.
+
+    remote: a DVC remote shared by the workers: what it has is pulled first (outputs another
+    machine produced), the outputs of every stage that ran are pushed to it at the end.
 
     overrides: params as `dvc exp run -S` takes them (`objectives.mlm.mask_rate=0.2`), written
     into params.yaml first, after those of LMPIPE_PARAMS_OVERRIDES (a work pool's device settings).
@@ -310,7 +314,15 @@ def pipeline(
     nodes = select(read_graph(repo_dir), targets)
     logger.info("%d stages from %s/dvc.yaml", len(nodes), repo_dir)
     with _parent_run(repo_dir, targets, overrides) as env:
+        if remote:
+            pulled = dvc(repo_dir, "pull", "--allow-missing", "--remote", remote, *nodes)
+            if pulled.returncode != 0:
+                raise PipelineError(f"dvc pull from '{remote}' failed: {_last_line(pulled.stderr)}")
         summary = schedule(repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env)
+        if remote and summary.ran:
+            pushed = dvc(repo_dir, "push", "--remote", remote, *summary.ran)
+            if pushed.returncode != 0:
+                raise PipelineError(f"dvc push to '{remote}' failed: {_last_line(pushed.stderr)}")
     logger.info("pipeline: %s\n%s", summary.line(), summary.markdown())
     create_markdown_artifact(summary.markdown(), key="pipeline-summary", description=summary.line())
     if summary.failed:
@@ -359,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-S", "--set", action="append", dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--max-parallel", type=int, default=2, help="stages at once (default 2)")
     parser.add_argument("--gpu-slots", type=int, default=1, help="stages with meta.gpu at once")
+    parser.add_argument("--remote", help="a DVC remote to pull from first and push to at the end")
     args = parser.parse_args(argv)
     try:  # bad input is one line before any flow starts
         repo_dir = Path(args.repo).resolve()
@@ -370,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides=args.overrides,
             max_parallel=args.max_parallel,
             gpu_slots=args.gpu_slots,
+            remote=args.remote,
         )
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)

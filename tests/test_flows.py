@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.ablation import ablation
+from flows.ablation import PRESETS, ablation, expand, point_overrides
 from flows.pipeline import PipelineError, StageFailed, pipeline, read_graph, select
-from tests.conftest import ROOT
+from tests.conftest import DEFAULT_PARAMS, ROOT
 from tests.flow_helpers import sh, tiny_project
 
 ALL_STAGES = {
@@ -75,8 +75,44 @@ def test_graph_is_dvcs_own(project: Path) -> None:
         select(nodes, ["pretrian"])
 
 
-def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path) -> None:
-    first = pipeline(repo=str(project), retry_delay_s=0)
+def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
+    points = {name: expand(grid) for name, grid in PRESETS.items()}
+    assert [p["objectives.mlm.mask_rate"] for p in points["masking_rate"]] == [0.10, 0.15, 0.20, 0.25]
+    assert [p["objectives.span.noise_density"] for p in points["span_density"]] == [0.10, 0.15, 0.25, 0.50]
+    assert len(points["mask_split"]) == 2
+    overrides = {
+        name: [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in grid]
+        for name, grid in points.items()
+    }
+    assert overrides["masking_rate"][0] == [
+        "~models.decoder_clm",
+        "~models.encdec_span",
+        "objectives.mlm.mask_rate=0.1",
+    ]
+    assert overrides["mask_split"][0][-2:] == [
+        "objectives.mlm.mask_fraction=1.0",
+        "objectives.mlm.random_fraction=0.0",
+    ]
+    assert overrides["architecture"] == [
+        ["~models.decoder_clm", "~models.encdec_span"],
+        ["~models.encoder_mlm", "~models.encdec_span"],
+        ["~models.encoder_mlm", "~models.decoder_clm"],
+    ]
+    with pytest.raises(PipelineError, match="grid key 'models'"):
+        point_overrides({"models": "gpt9"}, DEFAULT_PARAMS, ROOT / "params.yaml")
+    with pytest.raises(PipelineError, match="has no key 'objectives.mlm.mask_rat'"):
+        point_overrides({"objectives.mlm.mask_rat": 0.2}, DEFAULT_PARAMS, ROOT / "params.yaml")
+    assert expand({"a.b": [1, 2], "c": ["x", "y"]}) == [
+        {"a.b": 1, "c": "x"},
+        {"a.b": 1, "c": "y"},
+        {"a.b": 2, "c": "x"},
+        {"a.b": 2, "c": "y"},
+    ]
+
+
+def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:
+    sh(project, "dvc", "remote", "add", "shared", str(tmp_path / "remote"))  # as workers share a cache
+    first = pipeline(repo=str(project), retry_delay_s=0, remote="shared")
     assert set(first["ran"]) == ALL_STAGES and not first["failed"] and not first["skipped"]
     order = first["ran"]
     assert (
@@ -85,6 +121,7 @@ def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path) -> N
     assert order[-1] == "evaluate"
     assert "up to date" in sh(project, "dvc", "status").stdout  # dvc.lock says what `dvc repro` would
     assert (project / "reports/glue.md").exists()
+    assert "in sync" in sh(project, "dvc", "status", "--cloud", "--remote", "shared").stdout  # all pushed
 
     (parent,) = runs("tags.stage = 'pipeline'")
     assert parent.info.status == "FINISHED"
@@ -157,6 +194,7 @@ def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp
         "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_UI_ENABLED": "false",
+        "PREFECT_WORKER_QUERY_SECONDS": "1",  # pick the run up at once (default: every 10 s)
     }
 
     def prefect(*args: str) -> str:
@@ -259,7 +297,11 @@ def test_two_by_two_sweep(harness: None, project: Path) -> None:
         assert point.data.metrics["glue.encoder_mlm.pretrained.stsb"] == pytest.approx(row["stsb"])
         stages = runs(f"tags.`mlflow.parentRunId` = '{point.info.run_id}'")
         by_stage = {run.data.tags["stage"]: run for run in stages}
-        assert {"pretrain", "finetune", "evaluate"} <= set(by_stage)
+        # a pretraining ablation re-runs pretrain, finetune and evaluate, never the scratch baseline
+        assert set(by_stage) == {"pretrain", "finetune", "evaluate"}
+        assert {run.data.tags.get("init") for run in stages if run.data.tags["stage"] == "finetune"} == {
+            "pretrained"
+        }
         assert all(run.data.tags["dvc_experiment"] == point.data.tags["dvc_experiment"] for run in stages)
         evaluated = by_stage["evaluate"].data.metrics["encoder_mlm.pretrained.average"]
         assert evaluated == pytest.approx(row["glue_average"])  # the table is what the stage logged

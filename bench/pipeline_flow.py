@@ -69,12 +69,18 @@ def main() -> None:
         )
     )
     if not same:
-        differing = [
-            k
-            for k in locks["dvc repro"]["stages"]
-            if locks["dvc repro"]["stages"][k] != locks["flows.pipeline"]["stages"].get(k)
-        ]
-        sys.exit(f"dvc.lock differs in: {', '.join(differing)}")
+        ours, reference = locks["flows.pipeline"]["stages"], locks["dvc repro"]["stages"]
+        differing = {
+            stage: [
+                entry["path"]
+                for kind in ("deps", "outs")
+                for entry in reference[stage].get(kind, [])
+                if entry not in ours.get(stage, {}).get(kind, [])
+            ]
+            for stage in reference
+            if reference[stage] != ours.get(stage)
+        }
+        sys.exit(f"dvc.lock differs: {differing}")
 
 
 if __name__ == "__main__":

@@ -169,6 +169,15 @@ def apply_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
         dvc_apply(str(repo_dir / "params.yaml"), list(overrides))
 
 
+def visible_gpus() -> int:
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if devices is not None:  # set: it decides, "" is none
+        return len([d for d in devices.split(",") if d.strip() and d.strip() != "-1"])
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     # stage commands say `python`: the interpreter of this flow, as when DVC runs from this venv
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -292,12 +301,14 @@ def pipeline(
     targets: list[str] | None = None,
     overrides: list[str] | None = None,
     max_parallel: int = 2,
-    gpu_slots: int = 1,
+    gpu_slots: int | None = None,
     retry_delay_s: float = 10.0,
     remote: str | None = None,
 ) -> dict[str, Any]:
     """Bring the DVC pipeline (or `targets` and their upstream) up to date; return the summary.
 
+    gpu_slots: how many stages with `meta.gpu` run at once; by default one per visible GPU, and
+    without GPUs no limit beyond max_parallel (they are CPU work then).
     remote: a DVC remote shared by the workers: what it has is pulled first (outputs another
     machine produced), the outputs of every stage that ran are pushed to it at the end.
 
@@ -305,6 +316,8 @@ def pipeline(
     into params.yaml first, after those of LMPIPE_PARAMS_OVERRIDES (a work pool's device settings).
     A failed stage fails the flow; stages downstream of it do not run.
     """
+    if gpu_slots is None:
+        gpu_slots = visible_gpus() or max_parallel
     if max_parallel < 1 or gpu_slots < 1:
         raise PipelineError("max_parallel and gpu_slots must be at least 1")
     logger = get_run_logger()
@@ -370,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", action="append", dest="targets", help="a stage or group; repeatable")
     parser.add_argument("-S", "--set", action="append", dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--max-parallel", type=int, default=2, help="stages at once (default 2)")
-    parser.add_argument("--gpu-slots", type=int, default=1, help="stages with meta.gpu at once")
+    parser.add_argument("--gpu-slots", type=int, help="stages with meta.gpu at once (default: GPUs seen)")
     parser.add_argument("--remote", help="a DVC remote to pull from first and push to at the end")
     args = parser.parse_args(argv)
     try:  # bad input is one line before any flow starts

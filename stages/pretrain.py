@@ -244,12 +244,12 @@ def main(argv: list[str] | None = None) -> None:
     trainer.validate(module, datamodule=data, verbose=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     steps = trainer.global_step
+    # no wall-clock time here (it is in MLflow): the same params give the same bytes
     summary = {
         "steps": steps,
         "stopped_by": "max_steps" if steps >= run.max_steps else "max_minutes",
         "tokens_seen": steps * run.accumulate * run.batch_size * run.seq_len * trainer.world_size,
         "parameters": module.model.num_parameters(),
-        "minutes": round(minutes, 3),
         "train_loss": next((h["train_loss"] for h in reversed(module.history) if "train_loss" in h), None),
         "val_loss": metrics.get("val/loss"),
         f"val_{variant.objective}_perplexity": metrics.get(f"val/{variant.objective}_perplexity"),

@@ -169,13 +169,14 @@ def apply_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
         dvc_apply(str(repo_dir / "params.yaml"), list(overrides))
 
 
-def visible_gpus() -> int:
+def visible_gpus() -> list[str]:
+    """The GPU ids a stage may be given (CUDA_VISIBLE_DEVICES when set, else what torch sees)."""
     devices = os.environ.get("CUDA_VISIBLE_DEVICES")
     if devices is not None:  # set: it decides, "" is none
-        return len([d for d in devices.split(",") if d.strip() and d.strip() != "-1"])
+        return [d.strip() for d in devices.split(",") if d.strip() and d.strip() != "-1"]
     import torch
 
-    return torch.cuda.device_count()
+    return [str(i) for i in range(torch.cuda.device_count())]
 
 
 def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -244,14 +245,18 @@ def schedule(
     gpu_slots: int,
     retry_delay_s: float,
     env: Mapping[str, str],
+    gpus: Sequence[str] = (),
 ) -> Summary:
-    """Submit each stage once all its upstream succeeded; never more than the slots allow."""
+    """Submit each stage once all its upstream succeeded; never more than the slots allow. A GPU
+    stage gets a GPU of its own (CUDA_VISIBLE_DEVICES) while there are as many slots as GPUs."""
     logger = get_run_logger()
     summary = Summary()
     stale = changed(repo_dir, list(nodes))  # one status call; later only downstream of a run stage
     done: dict[str, bool] = {}  # stage -> ran
     started: dict[str, float] = {}
     running: dict[Any, StageNode] = {}
+    free_gpus = [gpus[i % len(gpus)] for i in range(gpu_slots)] if gpus else []
+    gpu_of: dict[Any, str] = {}
     pending = list(nodes)
     while pending or running:
         for name in list(pending):
@@ -278,12 +283,18 @@ def schedule(
                 options["retry_delay_seconds"] = exponential_backoff(retry_delay_s)(node.retries)
             pending.remove(name)
             started[name] = time.perf_counter()
-            future = run_stage.with_options(**options).submit(repo_dir, node, name not in stale, env)
+            device = free_gpus.pop(0) if node.gpu and free_gpus else None
+            stage_env = {**env, "CUDA_VISIBLE_DEVICES": device} if device is not None else env
+            future = run_stage.with_options(**options).submit(repo_dir, node, name not in stale, stage_env)
             running[future] = node
+            if device is not None:
+                gpu_of[future] = device
         if not running:
             continue
         finished = next(as_completed(list(running)))
         node = running.pop(finished)
+        if finished in gpu_of:
+            free_gpus.append(gpu_of.pop(finished))
         summary.seconds[node.name] = time.perf_counter() - started[node.name]
         result = finished.result(raise_on_failure=False)  # the final state, after any retries
         if isinstance(result, StageResult):
@@ -300,15 +311,17 @@ def pipeline(
     repo: str = ".",
     targets: list[str] | None = None,
     overrides: list[str] | None = None,
-    max_parallel: int = 2,
+    max_parallel: int | None = None,
     gpu_slots: int | None = None,
     retry_delay_s: float = 10.0,
     remote: str | None = None,
 ) -> dict[str, Any]:
     """Bring the DVC pipeline (or `targets` and their upstream) up to date; return the summary.
 
-    gpu_slots: how many stages with `meta.gpu` run at once; by default one per visible GPU, and
-    without GPUs no limit beyond max_parallel (they are CPU work then).
+    max_parallel: stages at once; by default one per visible GPU, and one without GPUs (a stage
+    uses every core: two at once on the same cores are slower than one after the other).
+    gpu_slots: how many stages with `meta.gpu` run at once, each on a GPU of its own; by default
+    one per visible GPU, without GPUs only max_parallel limits them (they are CPU work then).
     remote: a DVC remote shared by the workers: what it has is pulled first (outputs another
     machine produced), the outputs of every stage that ran are pushed to it at the end.
 
@@ -316,8 +329,11 @@ def pipeline(
     into params.yaml first, after those of LMPIPE_PARAMS_OVERRIDES (a work pool's device settings).
     A failed stage fails the flow; stages downstream of it do not run.
     """
+    gpus = visible_gpus()
+    if max_parallel is None:
+        max_parallel = max(1, len(gpus))
     if gpu_slots is None:
-        gpu_slots = visible_gpus() or max_parallel
+        gpu_slots = len(gpus) or max_parallel
     if max_parallel < 1 or gpu_slots < 1:
         raise PipelineError("max_parallel and gpu_slots must be at least 1")
     logger = get_run_logger()
@@ -331,7 +347,7 @@ def pipeline(
             pulled = dvc(repo_dir, "pull", "--allow-missing", "--remote", remote, *nodes)
             if pulled.returncode != 0:
                 raise PipelineError(f"dvc pull from '{remote}' failed: {_last_line(pulled.stderr)}")
-        summary = schedule(repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env)
+        summary = schedule(repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env, gpus)
         if remote and summary.ran:
             pushed = dvc(repo_dir, "push", "--remote", remote, *summary.ran)
             if pushed.returncode != 0:
@@ -382,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repo", default=".", help="the DVC project (default: here)")
     parser.add_argument("--target", action="append", dest="targets", help="a stage or group; repeatable")
     parser.add_argument("-S", "--set", action="append", dest="overrides", metavar="KEY=VALUE")
-    parser.add_argument("--max-parallel", type=int, default=2, help="stages at once (default 2)")
+    parser.add_argument("--max-parallel", type=int, help="stages at once (default: GPUs seen, or 1)")
     parser.add_argument("--gpu-slots", type=int, help="stages with meta.gpu at once (default: GPUs seen)")
     parser.add_argument("--remote", help="a DVC remote to pull from first and push to at the end")
     args = parser.parse_args(argv)

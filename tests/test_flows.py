@@ -112,7 +112,8 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
 
 def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:
     sh(project, "dvc", "remote", "add", "shared", str(tmp_path / "remote"))  # as workers share a cache
-    first = pipeline(repo=str(project), retry_delay_s=0, remote="shared")
+    # tiny stages are mostly process start-up: two at once pay off here (not with the default profile)
+    first = pipeline(repo=str(project), retry_delay_s=0, remote="shared", max_parallel=2)
     assert set(first["ran"]) == ALL_STAGES and not first["failed"] and not first["skipped"]
     order = first["ran"]
     assert (
@@ -128,13 +129,17 @@ def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path, tmp_
     children = runs(f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     assert {run.data.tags["stage"] for run in children} >= {"clean", "pretrain", "finetune", "evaluate"}
 
-    second = pipeline(repo=str(project), retry_delay_s=0)
+    second = pipeline(repo=str(project), retry_delay_s=0, max_parallel=2)
     assert second["ran"] == [] and set(second["skipped"]) == ALL_STAGES
 
 
 def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -> None:
     state = pipeline(
-        repo=str(project), overrides=["tokenizer.vocab_size=100"], retry_delay_s=0, return_state=True
+        repo=str(project),
+        overrides=["tokenizer.vocab_size=100"],
+        retry_delay_s=0,
+        max_parallel=2,
+        return_state=True,
     )
     sh(project, "git", "checkout", "params.yaml")
     assert state.is_failed()

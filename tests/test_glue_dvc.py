@@ -41,10 +41,11 @@ def test_real_rte_end_to_end_through_dvc_repro(tmp_path: Path, glue_dir: Path) -
         shutil.copytree(ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["models"] = {"encoder_mlm": {"arch": "encoder", "objective": "mlm", "preset": "tiny"}}
-    params["pretrain"].update(max_steps=30, warmup_steps=3, val_every=30, checkpoint_every=30)
+    params["sample"]["documents"] = 300  # the corpus is only there to pretrain on
+    params["pretrain"].update(max_steps=10, warmup_steps=2, val_every=10, checkpoint_every=10)
     params["glue"] = {"source": "tsv", "path": str(glue_dir), "tasks": ["rte"], "synthetic": False}
     params["finetune"]["seeds"] = [1]
-    params["finetune"]["tasks"]["rte"].update(max_train_rows=256, epochs=1)
+    params["finetune"]["tasks"]["rte"].update(max_train_rows=128, epochs=1)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh(repo, "git", "init", "-q", "-b", "main")
     sh(repo, "git", "add", "-A")

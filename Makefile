@@ -23,8 +23,9 @@ repro: setup
 	@awk '/^> \*\*Synthetic/; /^\| Model/ {t = 1} t && /^$$/ {exit} t' reports/glue.md  # the first table
 	@echo "Pretrained models: checkpoints/*/final. Every run: mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
+# PYTEST_ARGS='-m "not slow"' leaves out the slow tier (what .ci/run does to stay within its budget)
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

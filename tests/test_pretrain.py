@@ -41,6 +41,7 @@ def unigram_entropy(tokens: np.ndarray) -> float:
 BUDGET = {"encoder_mlm": (320, 32), "decoder_clm": (100, 16), "encdec_span": (80, 16)}
 
 
+@pytest.mark.slow  # `make test` runs it; CI leaves the slow tier out (20-minute budget)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_each_objective_learns_real_text(real_pipeline: Workdir, name: str) -> None:
     steps, batch = BUDGET[name]
@@ -90,6 +91,7 @@ def logged_losses(tmp: Path) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in history)
 
 
+@pytest.mark.slow  # `make test` runs it; CI leaves the slow tier out (20-minute budget)
 def test_sigkilled_run_resumes_to_identical_weights(tmp_path: Path) -> None:
     settings = {"max_steps": 40, "checkpoint_every": 20, "val_every": 20, "log_every": 1, "warmup_steps": 5}
     straight = dvc_repo(tmp_path / "straight", settings)
@@ -199,6 +201,7 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pip
     assert all(math.isfinite(entry["train_loss"]) for entry in saved["loss_history"])
 
 
+@pytest.mark.slow  # `make test` runs it; CI leaves the slow tier out (20-minute budget)
 def test_ddp_on_two_cpu_processes_with_bf16(sample_pipeline: Workdir) -> None:
     """The GPU settings on the CPU: two DDP processes (gloo), bf16 autocast; one export, one MLflow run."""
     sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
@@ -254,6 +257,7 @@ def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdi
     )
 
 
+@pytest.mark.slow  # `make test` runs it; CI leaves the slow tier out (20-minute budget)
 def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
     sample_pipeline.set("models", {"encoder_mlm": MODELS["encoder_mlm"]})
     with sample_pipeline.changed(

@@ -19,7 +19,6 @@ import datetime as dt
 import io
 import itertools
 import json
-import os
 import re
 import subprocess
 import sys
@@ -35,8 +34,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 
-from flows.pipeline import PipelineError, _env, _last_line, check_overrides, pool_overrides
-from stages.tracking import DEFAULT_TRACKING_URI, PARENT_RUN_ENV, git_commit
+from flows.pipeline import FlowTracking, PipelineError, _env, _last_line, check_overrides, pool_overrides
+from stages.tracking import PARENT_RUN_ENV, git_commit
 
 MODELS_KEY = "models"  # a grid key of its own: which model variants of params.yaml a point trains
 MLM = "objectives.mlm"
@@ -240,36 +239,6 @@ def _png(fig: Any, plt: Any) -> bytes:
     return buffer.getvalue()
 
 
-class _Tracking:
-    """The sweep's MLflow parent run and one child run per point."""
-
-    def __init__(self, repo_dir: Path, experiment: str) -> None:
-        import mlflow
-
-        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI.replace(
-            "sqlite:///", f"sqlite:///{repo_dir}/"
-        )  # absolute: the points' stages run in temporary copies of the workspace
-        self.client = mlflow.MlflowClient(self.uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-
-    def start(self, name: str, tags: Mapping[str, Any], parent: str | None = None) -> str:
-        tags = {k: str(v) for k, v in tags.items()}
-        if parent:
-            tags["mlflow.parentRunId"] = parent
-        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
-
-    def log(self, run_id: str, metrics: Mapping[str, float], params: Mapping[str, Any] | None = None) -> None:
-        from mlflow.entities import Metric, Param
-
-        now = int(time.time() * 1000)
-        self.client.log_batch(
-            run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if pd.notna(v)],
-            params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
-        )
-
-
 @flow(name="ablation", log_prints=True)
 def ablation(
     preset: str | None = None,
@@ -298,7 +267,7 @@ def ablation(
     if max_parallel < 1:
         raise PipelineError("max_parallel must be at least 1")
 
-    tracking = _Tracking(repo_dir, params.get("tracking", {}).get("experiment", "lmpipe"))
+    tracking = FlowTracking(repo_dir, params.get("tracking", {}).get("experiment", "lmpipe"))
     parent = tracking.start(
         sweep, {"stage": "ablation", "sweep": sweep, "preset": preset or "", "git_commit": git_commit()}
     )

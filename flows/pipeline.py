@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -359,6 +360,36 @@ def pipeline(
     return asdict(summary)
 
 
+class FlowTracking:
+    """A flow's MLflow runs: a parent, and children of it (the ablation's points)."""
+
+    def __init__(self, repo_dir: Path, experiment: str) -> None:
+        import mlflow
+
+        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI.replace(
+            "sqlite:///", f"sqlite:///{repo_dir}/"
+        )  # absolute: stages may run in temporary copies of the workspace (dvc exp run --temp)
+        self.client = mlflow.MlflowClient(self.uri)
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+
+    def start(self, name: str, tags: Mapping[str, Any], parent: str | None = None) -> str:
+        tags = {k: str(v) for k, v in tags.items()}
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+
+    def log(self, run_id: str, metrics: Mapping[str, float], params: Mapping[str, Any] | None = None) -> None:
+        from mlflow.entities import Metric, Param
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if not math.isnan(float(v))],
+            params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
+        )
+
+
 class _parent_run:
     """An MLflow run the stage runs of this execution nest under (unless a parent is already set)."""
 
@@ -369,28 +400,20 @@ class _parent_run:
     def __enter__(self) -> dict[str, str]:
         if os.environ.get(PARENT_RUN_ENV):
             return {}
-        import mlflow
         import yaml
 
         from stages.tracking import git_commit
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI.replace(
-            "sqlite:///", f"sqlite:///{self.repo_dir}/"
-        )
-        self.client = mlflow.MlflowClient(uri)
         params = yaml.safe_load((self.repo_dir / "params.yaml").read_text()) or {}
-        name = params.get("tracking", {}).get("experiment", "lmpipe")
-        found = self.client.get_experiment_by_name(name)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(name)
+        self.tracking = FlowTracking(self.repo_dir, params.get("tracking", {}).get("experiment", "lmpipe"))
         tags = {"stage": "pipeline", "git_commit": git_commit(), "targets": ",".join(self.targets or [])}
         tags.update({f"override.{o.partition('=')[0]}": o.partition("=")[2] for o in self.overrides or []})
-        run = self.client.create_run(experiment_id, run_name="pipeline", tags=tags)
-        self.run_id = run.info.run_id
-        return {PARENT_RUN_ENV: self.run_id, "MLFLOW_TRACKING_URI": uri}
+        self.run_id = self.tracking.start("pipeline", tags)
+        return {PARENT_RUN_ENV: self.run_id, "MLFLOW_TRACKING_URI": self.tracking.uri}
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if self.run_id is not None:
-            self.client.set_terminated(self.run_id, "FAILED" if exc_type else "FINISHED")
+            self.tracking.client.set_terminated(self.run_id, "FAILED" if exc_type else "FINISHED")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

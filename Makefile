@@ -16,12 +16,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# PROFILE=real-cpu CORPUS=<text folder> GLUE=<GLUE folder>: a profile of flows/profiles as one DVC
+# experiment (dvc exp run --temp); the workspace keeps the offline default
 repro: setup
+ifdef PROFILE
+	$(BIN)/python -m flows.profile $(PROFILE) $(if $(CORPUS),--corpus "$(CORPUS)") $(if $(GLUE),--glue "$(GLUE)")
+else
 	$(BIN)/dvc repro
 	@echo
 	@echo "GLUE report: reports/glue.md (every seed: reports/glue.csv; chart: reports/glue.png)"
 	@awk '/^> \*\*Synthetic/; /^\| Model/ {t = 1} t && /^$$/ {exit} t' reports/glue.md  # the first table
 	@echo "Pretrained models: checkpoints/*/final. Every run: mlflow ui --backend-store-uri sqlite:///mlflow.db"
+endif
 
 # PYTEST_ARGS='-m "not slow"' leaves out the slow tier (what .ci/run does to stay within its budget)
 test: setup

@@ -28,13 +28,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 
-from flows.pipeline import FlowTracking, PipelineError, _env, _last_line, check_overrides, pool_overrides
+from flows import profile as profiles
+from flows.pipeline import (
+    FlowTracking,
+    PipelineError,
+    _env,
+    _last_line,
+    check_overrides,
+    hydra_value,
+    pool_overrides,
+)
 from stages.tracking import PARENT_RUN_ENV, git_commit
 
 MODELS_KEY = "models"  # a grid key of its own: which model variants of params.yaml a point trains
@@ -51,6 +61,14 @@ PRESETS: dict[str, dict[str, list[Any]] | list[dict[str, Any]]] = {
     "architecture": {MODELS_KEY: ["encoder_mlm", "decoder_clm", "encdec_span"]},
     "span_density": {MODELS_KEY: ["encdec_span"], "objectives.span.noise_density": [0.10, 0.15, 0.25, 0.50]},
 }
+# the point every other point of a preset is compared with (BERT's 15 % and 80/10/10, T5's 15 %)
+BASELINES: dict[str, dict[str, Any]] = {
+    "masking_rate": {f"{MLM}.mask_rate": 0.15},
+    "mask_split": {f"{MLM}.mask_fraction": 0.8},
+    "architecture": {MODELS_KEY: "encoder_mlm"},
+    "span_density": {"objectives.span.noise_density": 0.15},
+}
+PREDICTIONS = "data/evaluate/predictions.parquet"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
 
 
@@ -65,15 +83,6 @@ def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> l
     if not points or not all(points):
         raise PipelineError("grid: give at least one point, each with at least one key")
     return points
-
-
-def hydra_value(value: Any) -> str:
-    """A value as `dvc exp run -S key=<value>` parses it back to the same YAML value."""
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    return json.dumps(value)  # numbers, true/false, null
 
 
 def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_file: Path) -> list[str]:
@@ -136,73 +145,179 @@ def run_point(repo_dir: Path, point: Point, tracking_uri: str) -> dict[str, Any]
         model: pd.read_csv(io.StringIO(_read(repo_dir, f"plots/pretrain/{model}.csv", point.experiment)))
         for model in glue
     }
-    return {"glue": glue, "curves": curves, "stages_run": ran, "seconds": time.perf_counter() - started}
+    predictions = pd.read_parquet(io.BytesIO(_read(repo_dir, PREDICTIONS, point.experiment, "rb")))
+    return {
+        "glue": glue,
+        "curves": curves,
+        "predictions": predictions,
+        "stages_run": ran,
+        "seconds": time.perf_counter() - started,
+    }
 
 
-def _read(repo_dir: Path, path: str, experiment: str) -> str:
+def _read(repo_dir: Path, path: str, experiment: str, mode: str = "r") -> Any:
     import dvc.api
 
-    return dvc.api.read(path, repo=str(repo_dir), rev=experiment)
+    return dvc.api.read(path, repo=str(repo_dir), rev=experiment, mode=mode)
+
+
+def baseline_index(
+    values: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any] | None, preset: str | None
+) -> int:
+    """The 0-based point every other point is compared with: the one matching `baseline` (by default the
+    preset's, else the first point)."""
+    wanted = baseline if baseline is not None else BASELINES.get(preset or "")
+    if not wanted:
+        return 0
+    matches = [
+        i
+        for i, point in enumerate(values)
+        if all(json.dumps(point.get(k)) == json.dumps(v) for k, v in wanted.items())
+    ]
+    if len(matches) != 1:
+        found = "no point" if not matches else f"{len(matches)} points"
+        raise PipelineError(f"baseline {json.dumps(wanted)}: {found} of the grid match it (need exactly one)")
+    return matches[0]
 
 
 def comparison(
-    points: Sequence[Point], results: Mapping[int, dict[str, Any]], swept: Sequence[str]
+    points: Sequence[Point],
+    results: Mapping[int, dict[str, Any]],
+    swept: Sequence[str],
+    baseline: Point,
+    seed: int,
 ) -> pd.DataFrame:
-    """One row per (point, model): the swept values, GLUE average and tasks (pretrained), Δ vs scratch."""
+    """One row per (point, model): the swept values; GLUE average and tasks of the pretrained model
+    (median over seeds) with their std over seeds; Δ against scratch with its interval and verdict (from
+    the point's evaluate stage); Δ against the baseline point's model with interval and verdict (a paired
+    bootstrap over the same dev examples, as `evaluate` does); the final pretraining loss."""
+    from stages.evaluate import read_aligned
+    from stages.significance import compare
+
+    base_runs, _, base_idx = (
+        read_aligned(results[baseline.index]["predictions"]) if baseline.index in results else ({}, {}, {})
+    )
     rows = []
     for point in points:
         if point.index not in results:
             continue
+        runs, labels, idx = read_aligned(results[point.index]["predictions"])
         for model, scores in results[point.index]["glue"].items():
             row: dict[str, Any] = {"experiment": point.experiment, "point": label(point.values, swept)}
             row.update(
                 {key: _text(point.values[key]) if key == MODELS_KEY else point.values[key] for key in swept}
             )
             row["model"] = model
-            row["glue_average"] = scores["pretrained"]["average"]
-            row.update({task: v for task, v in scores["pretrained"].items() if task != "average"})
+            tasks = [k for k in scores["pretrained"] if k != "average"]
+            for key in ["average", *tasks]:
+                column = "glue_average" if key == "average" else key
+                row[column] = scores["pretrained"][key]
+                row[f"{column}_std"] = scores["pretrained_std"][key]
             row["delta_average"] = scores["delta"]["average"]
+            row["delta_average_low"] = scores["delta_low"]["average"]
+            row["delta_average_high"] = scores["delta_high"]["average"]
+            row["delta_average_verdict"] = scores["verdict"]["average"]
+            against = model if (model, "pretrained") in base_runs else _only_model(base_runs)
+            comparable = against is not None and all(
+                key in base_idx and np.array_equal(idx[key], base_idx[key]) for key in labels
+            )
+            if not base_runs:
+                status = "baseline point failed"
+            elif point.index == baseline.index and against == model:
+                status = "baseline"
+            elif not comparable:
+                status = "not comparable (other dev examples or models)"
+            else:
+                status = None
+            mine, theirs = runs[(model, "pretrained")], base_runs.get((against, "pretrained"))
+            versus = compare(mine, theirs, labels, seed) if status is None else {}
+            for key in ["average", *tasks]:
+                prefix = "vs_baseline" if key == "average" else f"{key}_vs_baseline"
+                found = versus.get(key)
+                row[prefix] = found.delta if found else float("nan")
+                row[f"{prefix}_low"] = found.low if found else float("nan")
+                row[f"{prefix}_high"] = found.high if found else float("nan")
+                row[f"{prefix}_verdict"] = found.verdict if found else status
             curve = results[point.index]["curves"][model]["train_loss"].dropna()
             row["final_train_loss"] = float(curve.iloc[-1]) if len(curve) else float("nan")
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def markdown(table: pd.DataFrame, sweep: str, swept: Sequence[str], synthetic: bool) -> str:
-    shown = table.drop(columns=["point"]).copy()
-    scores = [c for c in shown.columns if c not in swept and c not in ("experiment", "model")]
-    for column in scores:
-        shown[column] = shown[column].map(lambda v: f"{v:.2f}")
+def _only_model(runs: Mapping[tuple[str, str], Any]) -> str | None:
+    models = {model for model, _ in runs}
+    return next(iter(models)) if len(models) == 1 else None
+
+
+def _interval(row: Mapping[str, Any], prefix: str) -> str:
+    if pd.isna(row[prefix]):
+        return str(row[f"{prefix}_verdict"])
+    text = f"{row[prefix]:+.2f} [{row[f'{prefix}_low']:+.2f}, {row[f'{prefix}_high']:+.2f}]"
+    verdict = row[f"{prefix}_verdict"]
+    return f"{text} **{verdict}**" if verdict in ("better", "worse") else f"{text} {verdict}"
+
+
+def task_columns(table: pd.DataFrame) -> list[str]:
+    return [c[: -len("_vs_baseline_verdict")] for c in table.columns if c.endswith("_vs_baseline_verdict")]
+
+
+def markdown(table: pd.DataFrame, sweep: str, swept: Sequence[str], synthetic: bool, baseline: Point) -> str:
+    from stages.significance import METHOD
+
+    tasks = task_columns(table)
     header = (
         f"# Ablation `{sweep}`\n\n"
-        "GLUE validation ×100 of the pretrained models, median over fine-tuning seeds; "
-        "delta_average = pretrained − scratch.\n"
+        "GLUE validation ×100 of the pretrained models: the median over fine-tuning seeds ± the std over "
+        f"seeds. Δ vs scratch: pretrained − scratch of the same point. Δ vs baseline: against point "
+        f"`{label(baseline.values, swept)}` ({baseline.experiment}), the same model (or its only model). "
+        f"Intervals are 95 %, from a {METHOD}; `better`/`worse` when the interval excludes 0.\n"
     )
     if synthetic:
         header += "\n> **Synthetic data** (offline default profile): shows the pipeline, not the papers.\n"
-    lines = ["| " + " | ".join(shown.columns) + " |", "|" + "---|" * len(shown.columns)]
-    lines += ["| " + " | ".join(map(str, row)) + " |" for row in shown.itertuples(index=False)]
+    columns = ["experiment", *swept, "model", "GLUE average", *tasks, "Δ vs scratch", "Δ vs baseline"]
+    lines = ["| " + " | ".join(columns) + " | final train loss |", "|" + "---|" * (len(columns) + 1)]
+    for row in table.to_dict("records"):
+        cells = [row["experiment"], *(str(row[k]) for k in swept), row["model"]]
+        cells += [f"{row['glue_average']:.2f} ± {row['glue_average_std']:.2f}"]
+        cells += [f"{row[t]:.2f} ± {row[f'{t}_std']:.2f}" for t in tasks]
+        cells += [_interval(row, "delta_average")]
+        cells += [_interval(row, "vs_baseline"), f"{row['final_train_loss']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Per task, Δ vs baseline:", ""]
+    lines += ["| experiment | model | " + " | ".join(tasks) + " |", "|---|---|" + "---|" * len(tasks)]
+    for row in table.to_dict("records"):
+        cells = [_interval(row, f"{t}_vs_baseline") for t in tasks]
+        lines.append(f"| {row['experiment']} | {row['model']} | " + " | ".join(cells) + " |")
     return header + "\n" + "\n".join(lines) + "\n"
 
 
 def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
-    """GLUE average and each task against the swept value, one line per model."""
+    """GLUE average and each task against the swept value, one line per model, error bars the std over
+    seeds; filled markers differ from the baseline (better or worse), hollow ones are within noise."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = ["glue_average"] + [c for c in table.columns if c not in _NON_TASK and c not in swept]
+    metrics = ["glue_average", *task_columns(table)]
     numeric = len(swept) == 1 and swept[0] != MODELS_KEY and pd.api.types.is_numeric_dtype(table[swept[0]])
     x_of = (lambda frame: frame[swept[0]]) if numeric else (lambda frame: frame["point"])
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.4), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
+        verdict = "vs_baseline_verdict" if metric == "glue_average" else f"{metric}_vs_baseline_verdict"
         for model, frame in table.groupby("model", sort=False):
-            ax.plot(x_of(frame), frame[metric], marker="o", label=model)
+            line = ax.errorbar(
+                x_of(frame), frame[metric], yerr=frame[f"{metric}_std"], capsize=3, label=model
+            )
+            differs = frame[verdict].isin(["better", "worse"])
+            ax.plot(x_of(frame)[differs], frame[metric][differs], "o", color=line[0].get_color())
+            ax.plot(
+                x_of(frame)[~differs], frame[metric][~differs], "o", mfc="white", color=line[0].get_color()
+            )
         ax.set_title("GLUE average" if metric == "glue_average" else metric)
         ax.set_xlabel(swept[0] if numeric else "point")
         ax.tick_params(axis="x", labelrotation=0 if numeric else 30)
-    axes[0][0].set_ylabel("score ×100")
+    axes[0][0].set_ylabel("score ×100 (± std over seeds)")
     axes[0][0].legend(fontsize="small")
     fig.tight_layout()
     return _png(fig, plt)
@@ -229,9 +344,6 @@ def plot_losses(
     return _png(fig, plt)
 
 
-_NON_TASK = {"experiment", "point", "model", "glue_average", "delta_average", "final_train_loss", MODELS_KEY}
-
-
 def _png(fig: Any, plt: Any) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", metadata={"Software": None})
@@ -246,8 +358,15 @@ def ablation(
     repo: str = ".",
     max_parallel: int = 2,
     name: str | None = None,
+    baseline: dict[str, Any] | None = None,
+    profile: str | None = None,
+    corpus: str | None = None,
+    glue: str | None = None,
 ) -> dict[str, Any]:
-    """Run every point of `grid` (or of a named preset) as a DVC experiment; compare them.
+    """Run every point of `grid` (or of a named preset) as a DVC experiment; compare them, each against
+    the `baseline` point (the values that identify it; by default the preset's, else the first point).
+    With a `profile` (flows/profiles/<name>.yaml, its folders `corpus` and `glue`) every point runs on
+    the profile's params, the point's values on top.
 
     Returns the comparison rows and where the report is; a failed point fails the flow after the
     comparison of the others is written.
@@ -261,9 +380,13 @@ def ablation(
     params_file = repo_dir / "params.yaml"
     params = yaml.safe_load(params_file.read_text()) or {}
     values = expand(points_spec)
-    overrides = [point_overrides(point, params, params_file) for point in values]
+    on_profile = profiles.overrides(profile, corpus, glue) if profile else []
+    overrides = [[*on_profile, *point_overrides(point, params, params_file)] for point in values]
+    origin = f"profile {profile}" if profile else str(params_file)
+    synthetic = profiles.validate(repo_dir, overrides[0], origin).glue.synthetic
     keys = list(dict.fromkeys(key for point in values for key in point))
     swept = [key for key in keys if len({json.dumps(p.get(key), sort_keys=True) for p in values}) > 1]
+    base = baseline_index(values, baseline, preset)
     if max_parallel < 1:
         raise PipelineError("max_parallel must be at least 1")
 
@@ -292,18 +415,19 @@ def ablation(
             for model, inits in scores.items()
             for init, by_key in inits.items()
             for key, value in by_key.items()
+            if isinstance(value, int | float)
         }
         metrics["duration_s"] = results[point.index]["seconds"]
         tracking.log(point.run_id, metrics, {k: _text(v) for k, v in point.values.items()})
         tracking.client.set_terminated(point.run_id, "FINISHED")
 
     out = repo_dir / "reports" / "ablation" / sweep
-    table = comparison(points, results, swept)
+    table = comparison(points, results, swept, points[base], int(params.get("seed", 0)))
     if len(table):
         out.mkdir(parents=True, exist_ok=True)
-        synthetic = bool(params.get("glue", {}).get("synthetic"))
+        text = markdown(table, sweep, swept, synthetic, points[base])
         table.to_csv(out / "comparison.csv", index=False)
-        (out / "comparison.md").write_text(markdown(table, sweep, swept, synthetic))
+        (out / "comparison.md").write_text(text)
         (out / "glue.png").write_bytes(plot_scores(table, swept))
         (out / "pretrain_loss.png").write_bytes(plot_losses(points, results, swept))
         for path in sorted(out.iterdir()):
@@ -313,7 +437,7 @@ def ablation(
             "comparison of %d points: %s\n%s",
             table["experiment"].nunique(),
             out,
-            markdown(table, sweep, swept, synthetic),
+            text,
         )
     tracking.client.set_terminated(parent, "FAILED" if failed else "FINISHED")
     if failed:
@@ -367,20 +491,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repo", default=".", help="the DVC project (default: here)")
     parser.add_argument("--max-parallel", type=int, default=2, help="points at once (default 2)")
     parser.add_argument("--name", help="the sweep's name (default: preset and UTC time)")
+    parser.add_argument("--profile", help=f"run on a params profile ({', '.join(profiles.available())})")
+    parser.add_argument("--corpus", help="the profile's text folder")
+    parser.add_argument("--glue", help="the profile's GLUE folder")
+    parser.add_argument(
+        "--baseline",
+        help='JSON: the values of the point the others are compared with, e.g. {"pretrain.lr": 0.001} '
+        "(default: the preset's, else the first point)",
+    )
     args = parser.parse_args(argv)
     try:
         grid = json.loads(args.grid) if args.grid else None
+        baseline = json.loads(args.baseline) if args.baseline else None
     except json.JSONDecodeError as exc:
-        print(f"error: --grid is not JSON: {exc}", file=sys.stderr)
+        print(f"error: --grid/--baseline is not JSON: {exc}", file=sys.stderr)
         return 2
     try:  # bad input is one line before any flow starts
         repo_dir = Path(args.repo).resolve()
         params_file = repo_dir / "params.yaml"
         params = yaml.safe_load(params_file.read_text()) or {}
-        for point in expand(resolve_grid(args.preset, grid)):
+        values = expand(resolve_grid(args.preset, grid))
+        for point in values:
             point_overrides(point, params, params_file)
+        if baseline is not None and not isinstance(baseline, dict):
+            raise PipelineError('--baseline: give an object of values, e.g. {"pretrain.lr": 0.001}')
+        baseline_index(values, baseline, args.preset)
+        if args.profile:
+            profiles.overrides(args.profile, args.corpus, args.glue)
         result = ablation(
-            preset=args.preset, grid=grid, repo=args.repo, max_parallel=args.max_parallel, name=args.name
+            preset=args.preset,
+            grid=grid,
+            repo=args.repo,
+            max_parallel=args.max_parallel,
+            name=args.name,
+            baseline=baseline,
+            profile=args.profile,
+            corpus=args.corpus,
+            glue=args.glue,
         )
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)

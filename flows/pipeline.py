@@ -161,6 +161,15 @@ def pool_overrides(explicit: Sequence[str] = ()) -> list[str]:
     return [o for o in pool if o.partition("=")[0].lstrip("+~") not in given]
 
 
+def hydra_value(value: Any) -> str:
+    """A value as `dvc exp run -S key=<value>` parses it back to the same YAML value."""
+    if isinstance(value, list):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)  # strings (quoted), numbers, true/false, null
+
+
 def apply_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
     """`key=value` into params.yaml with the semantics of `dvc exp run -S`."""
     if overrides:

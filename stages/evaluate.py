@@ -1,15 +1,20 @@
-"""Stage `evaluate`: GLUE scores of every fine-tune, the pretrained-minus-scratch differences, the report.
+"""Stage `evaluate`: GLUE scores of every fine-tune, the pretrained-minus-scratch differences with
+their noise verdicts, the report.
 
 Scores are recomputed from the prediction files against the labels in `data/glue` (never trusted from
 the fine-tune's own log). Per (model, init, evaluation, metric) the median over seeds; an evaluation's
 score is the mean of its metrics; the average is the GLUE leaderboard's (the mean over evaluations,
-MNLI matched and mismatched counted separately). Writes `metrics/glue.json` (DVC metrics, ×100),
-`reports/glue.md`, `reports/glue.csv` (every seed and metric), `plots/glue.csv` and `reports/glue.png`.
+MNLI matched and mismatched counted separately). Every difference (pretrained vs scratch, the best
+model vs the others) gets a 95 % interval and a verdict from a paired bootstrap over the dev examples
+(`stages.significance`). Writes `metrics/glue.json` (DVC metrics, ×100), `reports/glue.md`,
+`reports/glue.csv` (every seed and metric), `plots/glue.csv`, `reports/glue.png` and
+`data/evaluate/predictions.parquet` (every prediction aligned with its label, for sweeps to compare).
 """
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +25,12 @@ from stages.common import StageError, atomic_file, log, read_json, run_main, wri
 from stages.finetune import predictions_sha256, stage_name
 from stages.glue import TASKS, GlueTask, glue_average, scores
 from stages.params import Params, load_params
+from stages.significance import METHOD, VERDICTS, Difference, compare
 from stages.tracking import stage_run
 
 FINETUNE = Path("data/finetune")
 GLUE = Path("data/glue")
+PREDICTIONS = Path("data/evaluate/predictions.parquet")
 INITS = ("pretrained", "scratch")
 METRIC_NAMES = {
     "accuracy": "Acc",
@@ -57,8 +64,22 @@ def evaluation_title(key: str) -> str:
     return TASK_NAMES[task] + (f"-{suffix}" if suffix else "")
 
 
-def score_predictions(path: Path, task: GlueTask, split: str, truth: pd.DataFrame) -> dict[str, float]:
-    """One seed's predictions scored against `truth`, the split's `idx, label` from `data/glue`."""
+@dataclass
+class Scored:
+    """Every fine-tune's per-seed scores and its predictions, aligned for paired comparisons."""
+
+    table: pd.DataFrame  # model, init, task, evaluation, seed, metric, value (fractions)
+    tasks: dict[str, GlueTask]  # evaluation -> its task
+    labels: dict[str, np.ndarray]  # evaluation -> labels, by ascending idx
+    predictions: dict[tuple[str, str, str], np.ndarray]  # (model, init, evaluation) -> [seeds, examples]
+    idx: dict[str, np.ndarray]  # evaluation -> the idx of its examples
+
+    def of(self, model: str, init: str) -> dict[str, np.ndarray]:
+        return {key: self.predictions[(model, init, key)] for key in self.labels}
+
+
+def read_predictions(path: Path, task: GlueTask, split: str, truth: pd.DataFrame) -> pd.DataFrame:
+    """One seed's predictions joined with the split's labels (`idx, prediction, label`), by idx."""
     try:
         predictions = pd.read_parquet(path, columns=["idx", "prediction"])
     except FileNotFoundError:
@@ -71,17 +92,17 @@ def score_predictions(path: Path, task: GlueTask, split: str, truth: pd.DataFram
         raise StageError(
             f"{path}: row {row}: idx {joined['idx'][row]} is not in data/glue/{task.name}/{split}.parquet"
         )
-    return scores(task, joined["prediction"].to_numpy(), joined["label"].to_numpy())
+    return joined.sort_values("idx", kind="stable").reset_index(drop=True)
 
 
-def collect(params: Params) -> pd.DataFrame:
-    """Long table: model, init, task, evaluation, seed, metric, value (fractions)."""
+def collect(params: Params) -> Scored:
     # every split's labels read once, however many models, inits and seeds are scored on them
     truth = {
         (name, split): pd.read_parquet(GLUE / name / f"{split}.parquet", columns=["idx", "label"])
         for name in params.glue.tasks
         for split in TASKS[name].eval_splits
     }
+    scored = Scored(pd.DataFrame(), {}, {}, {}, {})
     rows = []
     for model in params.models:
         for name in params.glue.tasks:
@@ -95,14 +116,32 @@ def collect(params: Params) -> pd.DataFrame:
                         f"{run_dir}/summary.json: no run for seed(s) {missing} of finetune.seeds; "
                         "re-run the fine-tuning stages (dvc repro)"
                     )
-                for seed in params.finetune.seeds:
-                    for split in task.eval_splits:
-                        found = score_predictions(
-                            run_dir / f"seed{seed}" / f"{split}.parquet", task, split, truth[(name, split)]
-                        )
+                for split in task.eval_splits:
+                    key = evaluation_key(task, split)
+                    per_seed = []
+                    for seed in params.finetune.seeds:
+                        path = run_dir / f"seed{seed}" / f"{split}.parquet"
+                        joined = read_predictions(path, task, split, truth[(name, split)])
+                        idx = joined["idx"].to_numpy()
+                        if key not in scored.idx:
+                            scored.tasks[key], scored.idx[key] = task, idx
+                            scored.labels[key] = joined["label"].to_numpy()
+                        elif not np.array_equal(idx, scored.idx[key]):
+                            raise StageError(
+                                f"{path}: predicts other examples than the other fine-tunes of "
+                                f"{evaluation_title(key)} ({len(idx)} vs {len(scored.idx[key])} rows); "
+                                "re-run the fine-tuning stages (dvc repro)"
+                            )
+                        predictions = joined["prediction"].to_numpy()
+                        per_seed.append(predictions)
+                        found = scores(task, predictions, scored.labels[key])
                         for metric, value in found.items():
-                            rows.append((model, init, name, evaluation_key(task, split), seed, metric, value))
-    return pd.DataFrame(rows, columns=["model", "init", "task", "evaluation", "seed", "metric", "value"])
+                            rows.append((model, init, name, key, seed, metric, value))
+                    scored.predictions[(model, init, key)] = np.stack(per_seed)
+    scored.table = pd.DataFrame(
+        rows, columns=["model", "init", "task", "evaluation", "seed", "metric", "value"]
+    )
+    return scored
 
 
 def log_to_finetune_runs(table: pd.DataFrame, experiment: str) -> None:
@@ -143,25 +182,127 @@ def summarize(table: pd.DataFrame) -> dict[str, dict[str, dict[str, dict[str, fl
     return medians
 
 
-def glue_metrics(medians: dict[str, Any]) -> dict[str, Any]:
-    """`metrics/glue.json`: per model and init, each evaluation's score and the GLUE average, ×100;
-    and their pretrained-minus-scratch differences. Unrounded: `dvc metrics show` rounds for display."""
+def seed_spread(table: pd.DataFrame) -> dict[str, Any]:
+    """model -> init -> evaluation (and `average`) -> (mean, std over seeds) of the score ×100, where a
+    seed's score is the mean of its metrics and its average the mean over evaluations."""
+    per_seed = 100 * table.groupby(["model", "init", "evaluation", "seed"], sort=False)["value"].mean()
+    averages = per_seed.groupby(["model", "init", "seed"], sort=False).mean()
+    spread: dict[str, Any] = {}
+    for frame, by in ((per_seed, ["model", "init", "evaluation"]), (averages, ["model", "init"])):
+        for key, values in frame.groupby(level=by, sort=False):
+            model, init, evaluation = (*key, "average") if len(key) == 2 else key
+            std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            spread.setdefault(model, {}).setdefault(init, {})[evaluation] = (float(np.mean(values)), std)
+    return spread
+
+
+def differences(scored: Scored, a: tuple[str, str], b: tuple[str, str], seed: int) -> dict[str, Difference]:
+    """(model, init) `a` against `b` on every evaluation and on the average, paired over dev examples."""
+    return compare(scored.of(*a), scored.of(*b), scored.labels, seed)
+
+
+Runs = dict[tuple[str, str], dict[str, np.ndarray]]  # (model, init) -> evaluation -> [seeds, examples]
+
+
+def read_aligned(aligned: pd.DataFrame) -> tuple[Runs, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """`data/evaluate/predictions.parquet` read back: every run's predictions, and the labels and idx
+    of every evaluation."""
+    runs: Runs = {}
+    labels: dict[str, np.ndarray] = {}
+    idx: dict[str, np.ndarray] = {}
+    for (model, init, key), frame in aligned.groupby(["model", "init", "evaluation"], sort=False):
+        frame = frame.sort_values(["seed", "idx"], kind="stable")
+        first = frame[frame["seed"] == frame["seed"].iloc[0]]
+        idx[key], labels[key] = first["idx"].to_numpy(), first["label"].to_numpy()
+        runs.setdefault((model, init), {})[key] = frame["prediction"].to_numpy().reshape(-1, len(first))
+    return runs, labels, idx
+
+
+def glue_metrics(
+    medians: dict[str, Any], spread: dict[str, Any], versus_scratch: dict[str, dict[str, Difference]]
+) -> dict[str, Any]:
+    """`metrics/glue.json` (×100, unrounded: `dvc metrics show` rounds for display). Per model and init
+    each evaluation's score (median over seeds) and the GLUE average, their mean and std over seeds; and
+    Δ = pretrained − scratch with its 95 % interval and verdict."""
     out: dict[str, Any] = {}
     for model, inits in medians.items():
         out[model] = {}
         for init, evaluations in inits.items():
             row = {key: 100 * float(np.mean(list(m.values()))) for key, m in evaluations.items()}
             out[model][init] = {**row, "average": 100 * glue_average(evaluations)}
-        out[model]["delta"] = {k: v - out[model]["scratch"][k] for k, v in out[model]["pretrained"].items()}
+            out[model][f"{init}_mean"] = {k: mean for k, (mean, _) in spread[model][init].items()}
+            out[model][f"{init}_std"] = {k: std for k, (_, std) in spread[model][init].items()}
+        found = versus_scratch[model]
+        out[model]["delta"] = {k: d.delta for k, d in found.items()}
+        out[model]["delta_low"] = {k: d.low for k, d in found.items()}
+        out[model]["delta_high"] = {k: d.high for k, d in found.items()}
+        out[model]["verdict"] = {k: d.verdict for k, d in found.items()}
     return out
 
 
-def cell(metrics: dict[str, float]) -> str:
-    return "/".join(f"{100 * v:.1f}" for v in metrics.values())
+def title(key: str) -> str:
+    return "Average" if key == "average" else evaluation_title(key)
 
 
-def report(params: Params, table: pd.DataFrame, medians: dict[str, Any], summary: dict[str, Any]) -> str:
-    evaluations = list(dict.fromkeys(table["evaluation"]))
+def interval(d: Difference) -> str:
+    return f"{d.delta:+.1f} [{d.low:+.1f}, {d.high:+.1f}]"
+
+
+def verdict_cell(d: Difference) -> str:
+    return f"{interval(d)} **{d.verdict}**" if d.verdict != "within noise" else f"{interval(d)} within noise"
+
+
+def names(keys: list[str]) -> str:
+    return ", ".join(title(k) for k in keys)
+
+
+def in_short(
+    params: Params,
+    summary: dict[str, Any],
+    versus_scratch: dict[str, dict[str, Difference]],
+    versus_best: dict[str, Difference],
+) -> list[str]:
+    """What the verdicts support, and nothing more."""
+    lines = []
+    for model, found in versus_scratch.items():
+        by_verdict = {v: [k for k, d in found.items() if k != "average" and d.verdict == v] for v in VERDICTS}
+        average = found["average"]
+        if average.verdict == "within noise":
+            head = f"no difference from scratch on the GLUE average beyond noise ({interval(average)})"
+        else:
+            head = f"**{average.verdict}** than scratch on the GLUE average ({interval(average)})"
+        parts = [f"{verdict} on {names(keys)}" for verdict, keys in by_verdict.items() if keys]
+        lines.append(f"- **{model}** pretrained: {head}; per task: {'; '.join(parts)}.")
+    if versus_best:
+        best = max(summary, key=lambda m: summary[m]["pretrained"]["average"])
+        against = "; ".join(f"vs {other} {verdict_cell(d)}" for other, d in versus_best.items())
+        if all(d.verdict == "better" for d in versus_best.values()):
+            lines.append(
+                f"- Best pretrained model: **{best}**, above every other on the average ({against})."
+            )
+        else:
+            tied = [other for other, d in versus_best.items() if d.verdict != "better"]
+            lines.append(
+                f"- Highest pretrained average: {best} ({summary[best]['pretrained']['average']:.1f}), "
+                f"but not clearly above {', '.join(tied)} ({against}): no best model can be named."
+            )
+    count = sum(len(found) for found in versus_scratch.values()) + len(versus_best)
+    lines.append(
+        f"- {count} comparisons at 95 % confidence each: about {count / 20:.1f} of their verdicts can be "
+        "wrong by chance alone."
+    )
+    return lines
+
+
+def report(
+    params: Params,
+    scored: Scored,
+    summary: dict[str, Any],
+    versus_scratch: dict[str, dict[str, Difference]],
+    versus_best: dict[str, Difference],
+) -> str:
+    table, medians = scored.table, summarize(scored.table)
+    evaluations = list(scored.labels)
     metric_names = {
         key: "/".join(METRIC_NAMES[m] for m in table[table["evaluation"] == key]["metric"].unique())
         for key in evaluations
@@ -176,42 +317,32 @@ def report(params: Params, table: pd.DataFrame, medians: dict[str, Any], summary
             "",
         ]
     lines += [
-        f"Validation scores ×100, each the median over seeds {seeds} (`finetune.seeds`). Tasks with two "
-        "metrics show both; a task's score is their mean. **Average** is the GLUE leaderboard's: the mean "
-        "over evaluations (MNLI-m and MNLI-mm separately) of each evaluation's score. *scratch* is the same "
-        "architecture fine-tuned the same way from a random initialisation; Δ = pretrained − scratch.",
+        f"Validation scores ×100: the median over seeds {seeds} (`finetune.seeds`), then (mean ± std) over "
+        "the seeds. A task with two metrics shows their mean (each metric is in the seeds table below). "
+        "**Average** is the GLUE leaderboard's: the mean over evaluations (MNLI-m and MNLI-mm separately). "
+        "*scratch* is the same architecture fine-tuned the same way from a random initialisation. "
+        f"Δ = pretrained − scratch [95 % interval] and its verdict, from a {METHOD}: the same resampled dev "
+        "examples for both inits and all seeds; `better`/`worse` when the interval excludes 0.",
         "",
         "| Model | Init | "
-        + " | ".join(f"{evaluation_title(k)} {metric_names[k]}" for k in evaluations)
+        + " | ".join(f"{title(k)} {metric_names[k]}" for k in evaluations)
         + " | Average |",
         "|---|---|" + "---:|" * (len(evaluations) + 1),
     ]
-    for model, inits in medians.items():
+    for model in medians:
         variant = params.models[model]
         label = f"{model} ({variant.arch}, {variant.objective})"
         for init in INITS:
-            cells = [cell(inits[init][k]) for k in evaluations]
-            lines.append(
-                f"| {label if init == 'pretrained' else ''} | {init} | {' | '.join(cells)} | "
-                f"{summary[model][init]['average']:.1f} |"
-            )
-        deltas = [f"{summary[model]['delta'][k]:+.1f}" for k in evaluations]
-        lines.append(f"| | Δ | {' | '.join(deltas)} | **{summary[model]['delta']['average']:+.1f}** |")
-    best = max(medians, key=lambda m: summary[m]["pretrained"]["average"])
-    helped = max(medians, key=lambda m: summary[m]["delta"]["average"])
-    lines += ["", "## In short", ""]
-    for model in medians:
-        gains = sum(summary[model]["delta"][k] > 0 for k in evaluations)
-        lines.append(
-            f"- **{model}**: pretraining changed the average by {summary[model]['delta']['average']:+.1f} "
-            f"points and helped on {gains} of {len(evaluations)} evaluations."
-        )
-    variant = params.models[best]
+            cells = [
+                f"{summary[model][init][k]:.1f} ({summary[model][f'{init}_mean'][k]:.1f} ± "
+                f"{summary[model][f'{init}_std'][k]:.1f})"
+                for k in [*evaluations, "average"]
+            ]
+            lines.append(f"| {label if init == 'pretrained' else ''} | {init} | {' | '.join(cells)} |")
+        found = versus_scratch[model]
+        lines.append(f"| | Δ | {' | '.join(verdict_cell(found[k]) for k in [*evaluations, 'average'])} |")
+    lines += ["", "## In short", "", *in_short(params, summary, versus_scratch, versus_best), ""]
     lines += [
-        f"- Best pretrained model: **{best}** ({variant.arch} with {variant.objective}), average "
-        f"{summary[best]['pretrained']['average']:.1f}.",
-        f"- Largest gain from pretraining: **{helped}** ({summary[helped]['delta']['average']:+.1f}).",
-        "",
         "## Every seed",
         "",
         "| Model | Init | Evaluation | Metric | "
@@ -228,11 +359,18 @@ def report(params: Params, table: pd.DataFrame, medians: dict[str, Any], summary
             + " | ".join(f"{100 * values[s]:.1f}" for s in params.finetune.seeds)
             + f" | {100 * medians[model][init][evaluation][metric]:.1f} |"
         )
-    lines += ["", "Per-seed values are in `reports/glue.csv`; predictions in `data/finetune/`.", ""]
+    lines += [
+        "",
+        "Per-seed values are in `reports/glue.csv`; predictions in `data/finetune/` and, aligned by "
+        "example, in `data/evaluate/predictions.parquet`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def bar_chart(summary: dict[str, Any], synthetic: bool) -> bytes:
+    """Grouped bars per evaluation: a hue per model, scratch lighter and hatched; error bars are the
+    standard deviation over seeds."""
     import io
 
     import matplotlib
@@ -240,20 +378,27 @@ def bar_chart(summary: dict[str, Any], synthetic: bool) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in next(iter(summary.values()))["pretrained"]]
-    bars = [(f"{model} {init}", summary[model][init]) for model in summary for init in INITS]
+    keys = list(next(iter(summary.values()))["pretrained"])
+    bars = [(model, init) for model in summary for init in INITS]
+    colors = plt.get_cmap("tab10").colors
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(keys) * len(bars) / 4), 4), dpi=100)
     width = 0.8 / len(bars)
-    for i, (label, row) in enumerate(bars):
+    for i, (model, init) in enumerate(bars):
+        scratch = init == "scratch"
         ax.bar(
             np.arange(len(keys)) + i * width - 0.4 + width / 2,
-            [row[k] for k in keys],
+            [summary[model][init][k] for k in keys],
             width,
-            label=label,
-            hatch="//" if label.endswith("scratch") else None,
+            yerr=[summary[model][f"{init}_std"][k] for k in keys],
+            capsize=2,
+            label=f"{model} {init}",
+            color=colors[list(summary).index(model) % len(colors)],
+            alpha=0.45 if scratch else 1.0,
+            hatch="//" if scratch else None,
+            edgecolor="white" if scratch else None,
         )
-    ax.set_xticks(np.arange(len(keys)), [evaluation_title(k) if k != "average" else "Average" for k in keys])
-    ax.set_ylabel("score ×100 (median over seeds)")
+    ax.set_xticks(np.arange(len(keys)), [title(k) for k in keys])
+    ax.set_ylabel("score ×100 (median; bars: std over seeds)")
     ax.set_title("GLUE validation" + (" (synthetic tasks)" if synthetic else ""))
     ax.legend(fontsize="small", ncols=2)
     fig.tight_layout()
@@ -261,6 +406,26 @@ def bar_chart(summary: dict[str, Any], synthetic: bool) -> bytes:
     fig.savefig(png, format="png", metadata={"Software": None})  # no version stamp: same bytes
     plt.close(fig)
     return png.getvalue()
+
+
+def aligned_predictions(scored: Scored, seeds: list[int]) -> pd.DataFrame:
+    """Every prediction with its label, one row per (model, init, evaluation, seed, example): what a
+    sweep compares its points with (`flows.ablation`)."""
+    frames = [
+        pd.DataFrame(
+            {
+                "model": model,
+                "init": init,
+                "evaluation": key,
+                "seed": np.repeat(seeds, len(scored.idx[key])),
+                "idx": np.tile(scored.idx[key], len(seeds)),
+                "label": np.tile(scored.labels[key], len(seeds)).astype(float),
+                "prediction": predictions.ravel().astype(float),
+            }
+        )
+        for (model, init, key), predictions in scored.predictions.items()
+    ]
+    return pd.concat(frames, ignore_index=True)
 
 
 def main() -> None:
@@ -277,38 +442,58 @@ def main() -> None:
     ) as run:
         if not params.models:
             raise StageError("params.yaml: models: no models to evaluate")
-        table = collect(params)
-        medians = summarize(table)
-        summary = glue_metrics(medians)
-        text = report(params, table, medians, summary)
+        scored = collect(params)
+        medians = summarize(scored.table)
+        versus_scratch = {
+            model: differences(scored, (model, "pretrained"), (model, "scratch"), params.seed)
+            for model in params.models
+        }
+        summary = glue_metrics(medians, seed_spread(scored.table), versus_scratch)
+        best = max(summary, key=lambda m: summary[m]["pretrained"]["average"])
+        versus_best = {
+            other: differences(scored, (best, "pretrained"), (other, "pretrained"), params.seed)["average"]
+            for other in summary
+            if other != best
+        }
+        text = report(params, scored, summary, versus_scratch, versus_best)
         png = bar_chart(summary, params.glue.synthetic)
         plot_rows = [
-            {"run": f"{model}/{init}/{evaluation_title(k) if k != 'average' else 'Average'}", "score": v}
+            {"run": f"{model}/{init}/{title(k)}", "score": v}
             for model, inits in summary.items()
             for init in INITS
             for k, v in inits[init].items()
         ]
+        aligned = aligned_predictions(scored, params.finetune.seeds)
         # everything is computed before the first file is written: a failure leaves no partial outputs
         with atomic_file(Path("reports/glue.csv")) as handle:
-            table.to_csv(handle, index=False)
+            scored.table.to_csv(handle, index=False)
         with atomic_file(Path("reports/glue.md")) as handle:
             handle.write(text)
         with atomic_file(Path("reports/glue.png"), "wb") as handle:
             handle.write(png)
         with atomic_file(Path("plots/glue.csv")) as handle:
             pd.DataFrame(plot_rows).to_csv(handle, index=False)
+        with atomic_file(PREDICTIONS, "wb") as handle:
+            aligned.to_parquet(handle, index=False)
         write_json(Path("metrics/glue.json"), summary)
         run.log_metrics(summary)
-        log_to_finetune_runs(table, params.tracking.experiment)
+        run.set_tags(
+            {
+                f"verdict.{model}.{key}": d.verdict
+                for model, found in versus_scratch.items()
+                for key, d in found.items()
+            }
+        )
+        log_to_finetune_runs(scored.table, params.tracking.experiment)
         for path in ("metrics/glue.json", "reports/glue.md", "reports/glue.csv", "reports/glue.png"):
             run.log_artifact(path)
-        for model in summary:
+        for model, found in versus_scratch.items():
             log.info(
-                "evaluate: %s average %.1f pretrained, %.1f scratch (%+.1f)",
+                "evaluate: %s average %.1f pretrained, %.1f scratch: %s",
                 model,
                 summary[model]["pretrained"]["average"],
                 summary[model]["scratch"]["average"],
-                summary[model]["delta"]["average"],
+                verdict_cell(found["average"]).replace("**", ""),
             )
         log.info("evaluate: report in reports/glue.md")
 

@@ -181,7 +181,20 @@ def test_scores_equal_sklearn_and_scipy_and_the_average_is_the_leaderboards(scor
         "| Model | Init | CoLA MCC | STS-B Pearson/Spearman | MRPC F1/Acc | RTE Acc | MNLI-m Acc "
         "| MNLI-mm Acc | Average |" in report
     )
-    assert f"| | Δ | {glue['enc']['delta']['cola']:+.1f} |" in report
+    cola = {k: glue["enc"][k]["cola"] for k in ("delta", "delta_low", "delta_high", "verdict")}
+    assert cola["delta_low"] <= cola["delta"] <= cola["delta_high"]
+    assert (
+        f"| | Δ | {cola['delta']:+.1f} [{cola['delta_low']:+.1f}, {cola['delta_high']:+.1f}] "
+        f"**{cola['verdict']}** |" in report
+    )
+    # the planted skills: pretrained beats scratch by 10 points of accuracy on every evaluation
+    assert all(v == "better" for model in MODELS for v in glue[model]["verdict"].values())
+    assert "**enc** pretrained: **better** than scratch on the GLUE average" in report
+    assert "paired bootstrap over dev examples" in report
+    spread = per_seed[per_seed["evaluation"] == "rte"].query("model == 'enc' and init == 'scratch'")
+    assert glue["enc"]["scratch_std"]["rte"] == pytest.approx(100 * spread["value"].std(ddof=1))
+    aligned = pd.read_parquet(scored.path / "data/evaluate/predictions.parquet")
+    assert len(aligned) == len(MODELS) * 2 * len(SEEDS) * sum(len(f) for f in scored.truth.values())
     assert (scored.path / "reports/glue.png").read_bytes().startswith(b"\x89PNG")
     plot = pd.read_csv(scored.path / "plots/glue.csv")
     assert len(plot) == len(MODELS) * 2 * 7 and set(plot.columns) == {"run", "score"}

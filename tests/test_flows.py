@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.ablation import PRESETS, ablation, expand, point_overrides
+from flows.ablation import PRESETS, ablation, baseline_index, expand, point_overrides
 from flows.pipeline import PipelineError, StageFailed, pipeline, read_graph, select
 from tests.conftest import DEFAULT_PARAMS, ROOT
 from tests.flow_helpers import sh, tiny_project
@@ -100,6 +100,15 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     ]
     with pytest.raises(PipelineError, match="grid key 'models'"):
         point_overrides({"models": "gpt9"}, DEFAULT_PARAMS, ROOT / "params.yaml")
+    # each preset names its baseline point: BERT's 15 % and 80/10/10, T5's 15 %, the encoder
+    baselines = {name: grid[baseline_index(grid, None, name)] for name, grid in points.items()}
+    assert baselines["masking_rate"]["objectives.mlm.mask_rate"] == 0.15
+    assert baselines["mask_split"]["objectives.mlm.random_fraction"] == 0.1
+    assert baselines["architecture"] == {"models": "encoder_mlm"}
+    assert baselines["span_density"]["objectives.span.noise_density"] == 0.15
+    assert baseline_index(points["masking_rate"], {"objectives.mlm.mask_rate": 0.25}, None) == 3
+    with pytest.raises(PipelineError, match=r'baseline \{"objectives.mlm.mask_rate": 0.3\}: no point'):
+        baseline_index(points["masking_rate"], {"objectives.mlm.mask_rate": 0.3}, "masking_rate")
     with pytest.raises(PipelineError, match="has no key 'objectives.mlm.mask_rat'"):
         point_overrides({"objectives.mlm.mask_rat": 0.2}, DEFAULT_PARAMS, ROOT / "params.yaml")
     assert expand({"a.b": [1, 2], "c": ["x", "y"]}) == [
@@ -276,6 +285,13 @@ def test_two_by_two_sweep(harness: None, project: Path) -> None:
     assert len(table) == 4 and list(table["experiment"]) == ["grid-1", "grid-2", "grid-3", "grid-4"]
     assert list(table["objectives.mlm.mask_rate"]) == [0.1, 0.1, 0.3, 0.3]
     assert table["stsb"].abs().sum() > 0  # real scores, not a table of zeros
+    # every point's spread and its verdict against the baseline (the first point of a custom grid)
+    assert list(table["vs_baseline_verdict"])[0] == "baseline"
+    assert set(table["vs_baseline_verdict"][1:]) <= {"better", "worse", "within noise"}
+    assert (table["vs_baseline_low"][1:] <= table["vs_baseline"][1:]).all()
+    assert set(table["delta_average_verdict"]) <= {"better", "worse", "within noise"}
+    assert {"glue_average_std", "stsb_std", "stsb_vs_baseline_verdict"} <= set(table.columns)
+    assert "Δ vs baseline" in (project / "reports/ablation/grid/comparison.md").read_text()
     for name in ("comparison.md", "glue.png", "pretrain_loss.png"):
         assert (project / "reports/ablation/grid" / name).stat().st_size > 0
 

@@ -1,0 +1,187 @@
+"""Profiles: named params overlays (flows/profiles/<name>.yaml) run as one DVC experiment.
+
+    python -m flows.profile real-cpu --corpus /path/to/text --glue /path/to/glue_data
+    make repro PROFILE=real-cpu CORPUS=/path/to/text GLUE=/path/to/glue_data
+
+A profile is a partial params.yaml. Its values become `dvc exp run -S` overrides (`++key=value`, so
+keys the workspace's params.yaml lacks are added), `{corpus}` and `{glue}` in its strings become the
+given folders, and the experiment runs with `--temp`: in a temporary copy of the workspace, whose
+params.yaml (the offline default) stays as it is. The result is a normal DVC experiment (`dvc exp
+show`, `dvc exp apply <name>`) whose stage runs nest under one MLflow run; its report is copied to
+reports/profiles/<name>/. The merged params are validated before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flows.pipeline import FlowTracking, PipelineError, _env, hydra_value, pool_overrides
+from stages.common import StageError
+from stages.params import Params, parse_params
+from stages.tracking import PARENT_RUN_ENV, git_commit
+
+PROFILES = Path(__file__).resolve().parent / "profiles"
+PLACEHOLDERS = ("corpus", "glue")
+REPORTS = ("reports/glue.md", "reports/glue.csv", "reports/glue.png", "metrics/glue.json")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
+
+
+def available() -> list[str]:
+    return sorted(path.stem for path in PROFILES.glob("*.yaml"))
+
+
+def load(name: str) -> dict[str, Any]:
+    path = PROFILES / f"{name}.yaml"
+    if not path.exists():
+        raise PipelineError(f"profile '{name}' is unknown (profiles: {', '.join(available())})")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _fill(value: Any, folders: Mapping[str, str | None], profile: str) -> Any:
+    if isinstance(value, str):
+        for key in PLACEHOLDERS:
+            if "{" + key + "}" in value:
+                if not folders.get(key):
+                    raise PipelineError(f"profile '{profile}' reads {key} data: give --{key} <folder>")
+                value = value.replace("{" + key + "}", folders[key])
+        return value
+    if isinstance(value, list):
+        return [_fill(v, folders, profile) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, folders, profile) for k, v in value.items()}
+    return value
+
+
+def _leaves(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys down to values that are not mappings (lists are values, as DVC's -S takes them)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def overrides(name: str, corpus: str | None = None, glue: str | None = None) -> list[str]:
+    """The profile as `++key=value` overrides, its folders made absolute (experiments run elsewhere)."""
+    folders = {
+        "corpus": str(Path(corpus).resolve()) if corpus else None,
+        "glue": str(Path(glue).resolve()) if glue else None,
+    }
+    for key, folder in folders.items():
+        if folder and not Path(folder).is_dir():
+            raise PipelineError(f"--{key} {folder}: not a directory")
+    tree = _fill(load(name), folders, name)
+    return [f"++{key}={hydra_value(value)}" for key, value in _leaves(tree).items()]
+
+
+def validate(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> Params:
+    """params.yaml with the overrides applied, as a stage will see it; a bad key or value is one line."""
+    from dvc.utils.hydra import apply_overrides
+
+    with tempfile.TemporaryDirectory() as tmp:
+        params_file = Path(tmp) / "params.yaml"
+        params_file.write_text((repo_dir / "params.yaml").read_text())
+        try:
+            apply_overrides(str(params_file), list(all_overrides))
+        except Exception as exc:  # hydra's parse errors: report them as one line
+            raise PipelineError(f"{origin}: {' '.join(str(exc).split())}") from None
+        try:
+            return parse_params(yaml.safe_load(params_file.read_text()), origin)
+        except StageError as exc:
+            raise PipelineError(str(exc)) from None
+
+
+def run(
+    profile: str,
+    corpus: str | None = None,
+    glue: str | None = None,
+    extra: Sequence[str] = (),
+    name: str | None = None,
+    repo: str = ".",
+) -> Path:
+    """Run the profile as the DVC experiment `name`; returns the folder its report was copied to."""
+    repo_dir = Path(repo).resolve()
+    name = name or f"{profile}-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
+    if not _NAME.match(name):
+        raise PipelineError(f"experiment name '{name}': letters, digits, '-', '_' and '.' only")
+    given = [*overrides(profile, corpus, glue), *extra]
+    given = [*pool_overrides(given), *given]
+    params = validate(repo_dir, given, f"profile {profile}")
+
+    tracking = FlowTracking(repo_dir, params.tracking.experiment)
+    parent = tracking.start(
+        name, {"stage": "profile", "profile": profile, "dvc_experiment": name, "git_commit": git_commit()}
+    )
+    tracking.log(parent, {}, {"overrides": " ".join(given)})
+    command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "--name", name]
+    for override in given:
+        command += ["-S", override]
+    env = _env({PARENT_RUN_ENV: parent, "MLFLOW_TRACKING_URI": tracking.uri})
+    print(f"profile {profile}: dvc experiment {name}", flush=True)
+    result = subprocess.run(command, cwd=repo_dir, env=env)  # its progress goes to the terminal
+    tracking.client.set_terminated(parent, "FINISHED" if result.returncode == 0 else "FAILED")
+    if result.returncode != 0:
+        raise ProfileFailed(f"profile {profile}: dvc exp run {name} failed (exit {result.returncode})")
+
+    import dvc.api
+
+    out = repo_dir / "reports" / "profiles" / name
+    out.mkdir(parents=True, exist_ok=True)
+    for path in REPORTS:
+        data = dvc.api.read(path, repo=str(repo_dir), rev=name, mode="rb")
+        (out / Path(path).name).write_bytes(data)
+        tracking.client.log_artifact(parent, str(out / Path(path).name))
+    return out
+
+
+class ProfileFailed(Exception):
+    pass
+
+
+def first_table(report: str) -> str:
+    """The report's results table (what `make repro` prints)."""
+    lines = report.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Model"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.profile", description=__doc__.split("\n")[0])
+    parser.add_argument("profile", help=f"one of: {', '.join(available())}")
+    parser.add_argument("--corpus", help="the folder of the pretraining text (its {corpus})")
+    parser.add_argument("--glue", help="the GLUE folder in the original TSV layout (its {glue})")
+    parser.add_argument("-S", "--set", action="append", dest="extra", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--name", help="the DVC experiment's name (default: profile and UTC time)")
+    parser.add_argument("--repo", default=".", help="the DVC project (default: here)")
+    args = parser.parse_args(argv)
+    try:
+        out = run(args.profile, args.corpus, args.glue, args.extra, args.name, args.repo)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ProfileFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"\nGLUE report: {out / 'glue.md'} (every seed: glue.csv; chart: glue.png)")
+    print(first_table((out / "glue.md").read_text()))
+    print(f"Apply the experiment's outputs to the workspace: dvc exp apply {out.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    sys.exit(main())

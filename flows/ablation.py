@@ -293,7 +293,8 @@ def markdown(table: pd.DataFrame, sweep: str, swept: Sequence[str], synthetic: b
 
 def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
     """GLUE average and each task against the swept value, one line per model, error bars the std over
-    seeds; filled markers differ from the baseline (better or worse), hollow ones are within noise."""
+    seeds; filled markers differ from the baseline (better or worse), hollow ones are within noise; a
+    dotted line marks the baseline point's level."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -314,6 +315,8 @@ def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
             ax.plot(
                 x_of(frame)[~differs], frame[metric][~differs], "o", mfc="white", color=line[0].get_color()
             )
+            for value in frame[metric][frame["vs_baseline_verdict"] == "baseline"]:
+                ax.axhline(value, linestyle=":", color=line[0].get_color())  # the baseline's level
         ax.set_title("GLUE average" if metric == "glue_average" else metric)
         ax.set_xlabel(swept[0] if numeric else "point")
         ax.tick_params(axis="x", labelrotation=0 if numeric else 30)

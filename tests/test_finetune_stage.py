@@ -13,9 +13,10 @@ import pytest
 
 from stages.common import StageError, sha256_file
 from stages.finetune import predictions_sha256
-from tests.conftest import Workdir
+from tests.conftest import DEFAULT_PARAMS, Workdir
 from tests.pipeline_helpers import run_stages
 
+DEV_ROWS = DEFAULT_PARAMS["sample"]["glue_dev_rows"]
 MODEL = {"arch": "encoder", "objective": "mlm", "preset": "tiny"}
 OVERRIDES = {
     "models": {"enc": MODEL},
@@ -61,13 +62,13 @@ def test_predictions_and_summary_of_both_inits(tuned: Workdir) -> None:
     for init in ["pretrained", "scratch"]:
         summary = json.loads((out(tuned, init) / "summary.json").read_text())
         assert summary["train_rows"] == 64 and summary["steps"] == 2 and summary["synthetic"] is True
-        assert summary["eval_rows"] == {"validation": 100}
+        assert summary["eval_rows"] == {"validation": DEV_ROWS}
         assert set(summary["seeds"]) == {"1", "2"}
         assert summary["weights_sha256"] == (weights if init == "pretrained" else None)
         for seed in [1, 2]:
             frame = pd.read_parquet(out(tuned, init) / f"seed{seed}/validation.parquet")
-            assert list(frame.columns) == ["idx", "label", "prediction"] and len(frame) == 100
-            assert frame["idx"].tolist() == list(range(100)) and frame["prediction"].dtype == "float32"
+            assert list(frame.columns) == ["idx", "label", "prediction"] and len(frame) == DEV_ROWS
+            assert frame["idx"].tolist() == list(range(DEV_ROWS)) and frame["prediction"].dtype == "float32"
             frames[(init, seed)] = frame["prediction"]
     assert not frames[("pretrained", 1)].equals(frames[("scratch", 1)])
     assert not frames[("pretrained", 1)].equals(frames[("pretrained", 2)])
@@ -143,7 +144,11 @@ def test_evaluate_reports_the_synthetic_run(tuned: Workdir) -> None:
     with tuned.changed(OVERRIDES), contextlib.chdir(tuned.path):
         evaluate.main()
     glue = json.loads((tuned.path / "metrics/glue.json").read_text())
-    assert set(glue["enc"]) == {"pretrained", "scratch", "delta"}
+    assert set(glue["enc"]) == {
+        *("pretrained", "scratch", "pretrained_mean", "pretrained_std", "scratch_mean", "scratch_std"),
+        *("delta", "delta_low", "delta_high", "verdict"),
+    }
+    assert glue["enc"]["verdict"]["stsb"] in ("better", "worse", "within noise")
     assert set(glue["enc"]["pretrained"]) == {"stsb", "average"}
     report = (tuned.path / "reports/glue.md").read_text()
     assert "**Synthetic data.**" in report and "| enc (encoder, mlm) | pretrained |" in report

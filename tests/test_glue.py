@@ -174,7 +174,7 @@ def test_synthetic_tasks_go_through_the_same_reader(workdir) -> None:
     manifest = json.loads((workdir.path / "data/glue/manifest.json").read_text())
     assert manifest["synthetic"] is True
     assert manifest["rows"] == {
-        t: {"train": 400, "validation": 100} for t in ["sst2", "cola", "rte", "stsb", "mrpc"]
+        t: {"train": 400, "validation": 1000} for t in ["sst2", "cola", "rte", "stsb", "mrpc"]
     }
     raw = (workdir.path / "data/sample/glue/MRPC/train.tsv").read_bytes()
     assert raw.startswith("\ufeffQuality".encode())  # the same quirks as the real files

@@ -37,11 +37,13 @@ from prefect.futures import as_completed
 
 from flows import profile as profiles
 from flows.pipeline import (
+    FlowFailed,
     FlowTracking,
     PipelineError,
     _env,
     _last_line,
     check_overrides,
+    cli,
     hydra_value,
     pool_overrides,
 )
@@ -448,7 +450,7 @@ def ablation(
     return {"sweep": sweep, "report": str(out), "parent_run_id": parent, "rows": table.to_dict("records")}
 
 
-class PointsFailed(Exception):
+class PointsFailed(FlowFailed):
     def __init__(self, failed: Mapping[int, str]) -> None:
         super().__init__(f"{len(failed)} point(s) failed: " + "; ".join(failed.values()))
         self.failed = dict(failed)
@@ -503,13 +505,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default: the preset's, else the first point)",
     )
     args = parser.parse_args(argv)
-    try:
-        grid = json.loads(args.grid) if args.grid else None
-        baseline = json.loads(args.baseline) if args.baseline else None
-    except json.JSONDecodeError as exc:
-        print(f"error: --grid/--baseline is not JSON: {exc}", file=sys.stderr)
-        return 2
-    try:  # bad input is one line before any flow starts
+
+    def body() -> str:
+        try:
+            grid = json.loads(args.grid) if args.grid else None
+            baseline = json.loads(args.baseline) if args.baseline else None
+        except json.JSONDecodeError as exc:
+            raise PipelineError(f"--grid/--baseline is not JSON: {exc}") from None
+        # bad input is one line before any flow starts
         repo_dir = Path(args.repo).resolve()
         params_file = repo_dir / "params.yaml"
         params = yaml.safe_load(params_file.read_text()) or {}
@@ -532,14 +535,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             corpus=args.corpus,
             glue=args.glue,
         )
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except PointsFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"comparison: {result['report']}/comparison.md")
-    return 0
+        return f"comparison: {result['report']}/comparison.md"
+
+    return cli(body)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,24 @@ PARAMS_OVERRIDES_ENV = "LMPIPE_PARAMS_OVERRIDES"
 
 class PipelineError(Exception):
     """Bad flow input (unknown stage or params key): one line, no traceback."""
+
+
+class FlowFailed(Exception):
+    """The flow ran and some of its work failed: one line, exit code 1."""
+
+
+def cli(body: Callable[[], str]) -> int:
+    """A flow's command line: `body()` returns what to print on success; bad input is one line and
+    exit code 2, failed work one line and exit code 1."""
+    try:
+        print(body())
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except FlowFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 @dataclass(frozen=True)
@@ -76,7 +94,7 @@ class Summary:
         return "\n".join([f"**{self.line()}**", "", "| Stage | Result | Seconds |", "|---|---|---|", *rows])
 
 
-class StageFailed(Exception):
+class StageFailed(FlowFailed):
     def __init__(self, summary: Summary) -> None:
         super().__init__(f"{summary.line()}: " + "; ".join(f"{k}: {v}" for k, v in summary.failed.items()))
         self.summary = summary
@@ -434,8 +452,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpu-slots", type=int, help="stages with meta.gpu at once (default: GPUs seen)")
     parser.add_argument("--remote", help="a DVC remote to pull from first and push to at the end")
     args = parser.parse_args(argv)
-    try:  # bad input is one line before any flow starts
-        repo_dir = Path(args.repo).resolve()
+
+    def body() -> str:
+        repo_dir = Path(args.repo).resolve()  # bad input is one line before any flow starts
         check_overrides(repo_dir, args.overrides or [])
         select(read_graph(repo_dir), args.targets)
         summary = pipeline(
@@ -446,14 +465,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             gpu_slots=args.gpu_slots,
             remote=args.remote,
         )
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except StageFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(Summary(**summary).line())
-    return 0
+        return Summary(**summary).line()
+
+    return cli(body)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
-from flows.pipeline import FlowTracking, PipelineError, _env, hydra_value, pool_overrides
+from flows.pipeline import FlowFailed, FlowTracking, PipelineError, _env, cli, hydra_value, pool_overrides
 from stages.common import StageError
 from stages.params import Params, parse_params
-from stages.tracking import PARENT_RUN_ENV, git_commit
+from stages.tracking import PARENT_RUN_ENV, flatten, git_commit
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 PLACEHOLDERS = ("corpus", "glue")
@@ -63,17 +63,6 @@ def _fill(value: Any, folders: Mapping[str, str | None], profile: str) -> Any:
     return value
 
 
-def _leaves(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted keys down to values that are not mappings (lists are values, as DVC's -S takes them)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping) and value:
-            flat.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def overrides(name: str, corpus: str | None = None, glue: str | None = None) -> list[str]:
     """The profile as `++key=value` overrides, its folders made absolute (experiments run elsewhere)."""
     folders = {
@@ -84,7 +73,7 @@ def overrides(name: str, corpus: str | None = None, glue: str | None = None) -> 
         if folder and not Path(folder).is_dir():
             raise PipelineError(f"--{key} {folder}: not a directory")
     tree = _fill(load(name), folders, name)
-    return [f"++{key}={hydra_value(value)}" for key, value in _leaves(tree).items()]
+    return [f"++{key}={hydra_value(value)}" for key, value in flatten(tree).items()]
 
 
 def validate(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> Params:
@@ -136,18 +125,18 @@ def run(
     if result.returncode != 0:
         raise ProfileFailed(f"profile {profile}: dvc exp run {name} failed (exit {result.returncode})")
 
-    import dvc.api
+    from dvc.api import DVCFileSystem
 
+    experiment = DVCFileSystem(str(repo_dir), rev=name)  # the experiment's outputs, from the cache
     out = repo_dir / "reports" / "profiles" / name
     out.mkdir(parents=True, exist_ok=True)
     for path in REPORTS:
-        data = dvc.api.read(path, repo=str(repo_dir), rev=name, mode="rb")
-        (out / Path(path).name).write_bytes(data)
+        (out / Path(path).name).write_bytes(experiment.read_bytes(path))
         tracking.client.log_artifact(parent, str(out / Path(path).name))
     return out
 
 
-class ProfileFailed(Exception):
+class ProfileFailed(FlowFailed):
     pass
 
 
@@ -168,18 +157,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", help="the DVC experiment's name (default: profile and UTC time)")
     parser.add_argument("--repo", default=".", help="the DVC project (default: here)")
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> str:
         out = run(args.profile, args.corpus, args.glue, args.extra, args.name, args.repo)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ProfileFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"\nGLUE report: {out / 'glue.md'} (every seed: glue.csv; chart: glue.png)")
-    print(first_table((out / "glue.md").read_text()))
-    print(f"Apply the experiment's outputs to the workspace: dvc exp apply {out.name}")
-    return 0
+        return (
+            f"\nGLUE report: {out / 'glue.md'} (every seed: glue.csv; chart: glue.png)\n"
+            f"{first_table((out / 'glue.md').read_text())}\n"
+            f"Apply the experiment's outputs to the workspace: dvc exp apply {out.name}"
+        )
+
+    return cli(body)
 
 
 if __name__ == "__main__":

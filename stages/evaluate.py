@@ -69,7 +69,6 @@ class Scored:
     """Every fine-tune's per-seed scores and its predictions, aligned for paired comparisons."""
 
     table: pd.DataFrame  # model, init, task, evaluation, seed, metric, value (fractions)
-    tasks: dict[str, GlueTask]  # evaluation -> its task
     labels: dict[str, np.ndarray]  # evaluation -> labels, by ascending idx
     predictions: dict[tuple[str, str, str], np.ndarray]  # (model, init, evaluation) -> [seeds, examples]
     idx: dict[str, np.ndarray]  # evaluation -> the idx of its examples
@@ -102,7 +101,9 @@ def collect(params: Params) -> Scored:
         for name in params.glue.tasks
         for split in TASKS[name].eval_splits
     }
-    scored = Scored(pd.DataFrame(), {}, {}, {}, {})
+    labels: dict[str, np.ndarray] = {}
+    idx: dict[str, np.ndarray] = {}
+    predictions: dict[tuple[str, str, str], np.ndarray] = {}
     rows = []
     for model in params.models:
         for name in params.glue.tasks:
@@ -122,26 +123,22 @@ def collect(params: Params) -> Scored:
                     for seed in params.finetune.seeds:
                         path = run_dir / f"seed{seed}" / f"{split}.parquet"
                         joined = read_predictions(path, task, split, truth[(name, split)])
-                        idx = joined["idx"].to_numpy()
-                        if key not in scored.idx:
-                            scored.tasks[key], scored.idx[key] = task, idx
-                            scored.labels[key] = joined["label"].to_numpy()
-                        elif not np.array_equal(idx, scored.idx[key]):
+                        examples = joined["idx"].to_numpy()
+                        if key not in idx:
+                            idx[key], labels[key] = examples, joined["label"].to_numpy()
+                        elif not np.array_equal(examples, idx[key]):
                             raise StageError(
                                 f"{path}: predicts other examples than the other fine-tunes of "
-                                f"{evaluation_title(key)} ({len(idx)} vs {len(scored.idx[key])} rows); "
+                                f"{evaluation_title(key)} ({len(examples)} vs {len(idx[key])} rows); "
                                 "re-run the fine-tuning stages (dvc repro)"
                             )
-                        predictions = joined["prediction"].to_numpy()
-                        per_seed.append(predictions)
-                        found = scores(task, predictions, scored.labels[key])
+                        per_seed.append(joined["prediction"].to_numpy())
+                        found = scores(task, per_seed[-1], labels[key])
                         for metric, value in found.items():
                             rows.append((model, init, name, key, seed, metric, value))
-                    scored.predictions[(model, init, key)] = np.stack(per_seed)
-    scored.table = pd.DataFrame(
-        rows, columns=["model", "init", "task", "evaluation", "seed", "metric", "value"]
-    )
-    return scored
+                    predictions[(model, init, key)] = np.stack(per_seed)
+    table = pd.DataFrame(rows, columns=["model", "init", "task", "evaluation", "seed", "metric", "value"])
+    return Scored(table, labels, predictions, idx)
 
 
 def log_to_finetune_runs(table: pd.DataFrame, experiment: str) -> None:
@@ -257,9 +254,9 @@ def names(keys: list[str]) -> str:
 
 
 def in_short(
-    params: Params,
     summary: dict[str, Any],
     versus_scratch: dict[str, dict[str, Difference]],
+    best: str,
     versus_best: dict[str, Difference],
 ) -> list[str]:
     """What the verdicts support, and nothing more."""
@@ -274,7 +271,6 @@ def in_short(
         parts = [f"{verdict} on {names(keys)}" for verdict, keys in by_verdict.items() if keys]
         lines.append(f"- **{model}** pretrained: {head}; per task: {'; '.join(parts)}.")
     if versus_best:
-        best = max(summary, key=lambda m: summary[m]["pretrained"]["average"])
         against = "; ".join(f"vs {other} {verdict_cell(d)}" for other, d in versus_best.items())
         if all(d.verdict == "better" for d in versus_best.values()):
             lines.append(
@@ -297,11 +293,13 @@ def in_short(
 def report(
     params: Params,
     scored: Scored,
+    medians: dict[str, Any],
     summary: dict[str, Any],
     versus_scratch: dict[str, dict[str, Difference]],
+    best: str,
     versus_best: dict[str, Difference],
 ) -> str:
-    table, medians = scored.table, summarize(scored.table)
+    table = scored.table
     evaluations = list(scored.labels)
     metric_names = {
         key: "/".join(METRIC_NAMES[m] for m in table[table["evaluation"] == key]["metric"].unique())
@@ -341,7 +339,7 @@ def report(
             lines.append(f"| {label if init == 'pretrained' else ''} | {init} | {' | '.join(cells)} |")
         found = versus_scratch[model]
         lines.append(f"| | Δ | {' | '.join(verdict_cell(found[k]) for k in [*evaluations, 'average'])} |")
-    lines += ["", "## In short", "", *in_short(params, summary, versus_scratch, versus_best), ""]
+    lines += ["", "## In short", "", *in_short(summary, versus_scratch, best, versus_best), ""]
     lines += [
         "## Every seed",
         "",
@@ -455,7 +453,7 @@ def main() -> None:
             for other in summary
             if other != best
         }
-        text = report(params, scored, summary, versus_scratch, versus_best)
+        text = report(params, scored, medians, summary, versus_scratch, best, versus_best)
         png = bar_chart(summary, params.glue.synthetic)
         plot_rows = [
             {"run": f"{model}/{init}/{title(k)}", "score": v}

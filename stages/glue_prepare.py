@@ -7,6 +7,7 @@ schema of its task; labels use the Hub's ids.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -21,13 +22,13 @@ from stages.tracking import stage_run
 OUT = Path("data/glue")
 
 
-def from_datasets(data: object, spec: GlueTask, where: str) -> dict[str, pd.DataFrame]:
+def from_datasets(data: object, spec: GlueTask, where: str, splits: Sequence[str]) -> dict[str, pd.DataFrame]:
     import datasets
 
     if not isinstance(data, datasets.DatasetDict):
-        raise StageError(f"{where}: expected a DatasetDict with splits {', '.join(spec.splits)}")
+        raise StageError(f"{where}: expected a DatasetDict with splits {', '.join(splits)}")
     frames = {}
-    for split in spec.splits:
+    for split in splits:
         if split not in data:
             raise StageError(f"{where}: no split '{split}'; its splits are: {', '.join(data)}")
         table = data[split]
@@ -43,10 +44,14 @@ def from_datasets(data: object, spec: GlueTask, where: str) -> dict[str, pd.Data
     return frames
 
 
-def read_task(cfg: GlueParams, spec: GlueTask) -> dict[str, pd.DataFrame]:
+def read_task(
+    cfg: GlueParams, spec: GlueTask, splits: Sequence[str] | None = None
+) -> dict[str, pd.DataFrame]:
+    """The task's splits (all by default) as `idx, <text columns>, label` tables."""
+    splits = list(spec.splits) if splits is None else splits
     if cfg.source == "tsv":
         folder = Path(cfg.path or "") / spec.folder
-        return {split: read_tsv(folder / name, spec) for split, name in spec.splits.items()}
+        return {split: read_tsv(folder / spec.splits[split], spec) for split in splits}
     import datasets
 
     if cfg.source == "disk":
@@ -63,7 +68,7 @@ def read_task(cfg: GlueParams, spec: GlueTask) -> dict[str, pd.DataFrame]:
             raise StageError(
                 f"{where}: cannot load from the Hub: {str(exc).strip().splitlines()[0]}"
             ) from None
-    return from_datasets(data, spec, where)
+    return from_datasets(data, spec, where, splits)
 
 
 def main() -> None:

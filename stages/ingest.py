@@ -1,7 +1,8 @@
 """Stage `ingest`: the sources in `ingest.sources` -> `data/raw/<nn>-<name>.parquet` (id, source, text).
 
 Sources are local files and globs (txt, jsonl, json, parquet, csv, each optionally .gz), a Hugging Face
-dataset by name/config/split (streamed, capped at `max_documents`), or a `save_to_disk` folder.
+dataset by name/config/split (streamed, capped at `max_documents`), a `save_to_disk` folder, or the
+unlabeled text of GLUE tasks' train splits (task-adaptive pretraining, Gururangan et al. 2020).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stages.common import StageError, atomic_dir, log, progress, run_main, write_json
-from stages.params import IngestParams, SourceParams, load_params
-from stages.readers import FileReader, TextDecoder, detect_format, split_long
+from stages.glue import task as glue_task
+from stages.glue_prepare import read_task
+from stages.params import GlueParams, IngestParams, SourceParams, load_params
+from stages.readers import FileReader, TextDecoder, detect_format, join_paragraphs, split_long
 from stages.schemas import DOCUMENTS, validate
 from stages.tracking import stage_run
 
@@ -124,6 +127,33 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter) -> Iterat
             break
 
 
+def glue_documents(source: SourceParams, key: str, glue: GlueParams, counts: Counter) -> Iterator[Document]:
+    """Each distinct sentence of the tasks' train splits once, joined into documents of up to
+    `max_doc_chars`; the labels are dropped and evaluation splits are never read."""
+    names = (
+        [(name, f"{key}.tasks[{i}]") for i, name in enumerate(source.tasks)]
+        if source.tasks
+        else [(name, f"glue.tasks[{i}]") for i, name in enumerate(glue.tasks)]
+    )
+    seen: set[str] = set()
+    for name, name_key in names:
+        spec = glue_task(name, name_key)
+        train = read_task(glue, spec, ["train"])["train"]
+        counts["train_rows"] += len(train)
+        sentences = []
+        for column in spec.text_columns:
+            for text in train[column]:
+                text = " ".join(str(text).split())
+                if text and text not in seen:
+                    seen.add(text)
+                    sentences.append(text)
+        counts["sentences"] += len(sentences)
+        chunks = join_paragraphs(sentences, source.max_doc_chars, "\n")
+        pieces = (piece for chunk in chunks for piece in split_long(chunk, source.max_doc_chars))
+        for n, doc in enumerate(pieces):
+            yield f"glue/{name}/train#{n}", doc
+
+
 def write_source(path: Path, label: str, docs: Iterator[Document], counts: Counter) -> None:
     schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
     with pq.ParquetWriter(path, schema, compression="zstd") as writer:
@@ -151,7 +181,8 @@ def write_source(path: Path, label: str, docs: Iterator[Document], counts: Count
 def main() -> None:
     params = load_params()
     cfg = params.ingest
-    any_synthetic = any(s.synthetic for s in cfg.sources)
+    synthetic = [s.synthetic or (s.kind == "glue" and params.glue.synthetic) for s in cfg.sources]
+    any_synthetic = any(synthetic)
     with stage_run(
         "ingest", params.tracking.experiment, {"ingest": cfg.model_dump()}, {"data.synthetic": any_synthetic}
     ) as run:
@@ -161,11 +192,12 @@ def main() -> None:
             for i, source in enumerate(cfg.sources):
                 key = f"ingest.sources[{i}]"
                 counts: Counter = Counter()
-                docs = (
-                    file_documents(source, key, cfg, counts)
-                    if source.kind == "files"
-                    else dataset_documents(source, key, counts)
-                )
+                if source.kind == "files":
+                    docs = file_documents(source, key, cfg, counts)
+                elif source.kind == "glue":
+                    docs = glue_documents(source, key, params.glue, counts)
+                else:
+                    docs = dataset_documents(source, key, counts)
                 write_source(tmp / f"{i:02d}-{source.label}.parquet", source.label, docs, counts)
                 if counts["documents"] == 0:
                     log.warning("%s (%s): no documents", key, source.label)
@@ -174,7 +206,7 @@ def main() -> None:
                     {
                         "name": source.label,
                         "kind": source.kind,
-                        "synthetic": source.synthetic,
+                        "synthetic": synthetic[i],
                         "documents": counts["documents"],
                         "characters": counts["characters"],
                     }

@@ -48,7 +48,7 @@ class SampleParams(Strict):
 class SourceParams(Strict):
     """One ingest source. `kind` says where the documents come from."""
 
-    kind: Literal["files", "hf", "disk"] = "files"
+    kind: Literal["files", "hf", "disk", "glue"] = "files"
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
     # files: a path or a glob (relative to the repo root); format from the extension unless given
     path: str | None = None
@@ -62,6 +62,8 @@ class SourceParams(Strict):
     data_files: str | list[str] | None = None
     max_documents: int | None = Field(None, ge=1)
     text_column: str = "text"
+    # glue: the unlabeled text of these tasks' train splits, read as `glue` says (null: glue.tasks)
+    tasks: list[str] | None = Field(None, min_length=1)
     synthetic: bool = False
 
     @model_validator(mode="after")
@@ -72,11 +74,15 @@ class SourceParams(Strict):
             raise ValueError("an 'hf' source needs 'dataset'")
         if self.kind != "hf" and (self.dataset or self.config or self.data_files):
             raise ValueError(f"'dataset', 'config' and 'data_files' are for 'hf' sources, not '{self.kind}'")
+        if self.kind == "glue" and (self.path or self.split):
+            raise ValueError("a 'glue' source reads the train splits of `glue`: no 'path' or 'split'")
+        if self.kind != "glue" and self.tasks:
+            raise ValueError(f"'tasks' is for 'glue' sources, not '{self.kind}'")
         return self
 
     @property
     def label(self) -> str:
-        return self.name or Path(self.path or self.dataset or "source").stem.replace("*", "all")
+        return self.name or Path(self.path or self.dataset or self.kind).stem.replace("*", "all")
 
 
 class IngestParams(Strict):

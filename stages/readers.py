@@ -116,25 +116,26 @@ def split_text(text: str, split_by: str, max_chars: int) -> Iterator[str]:
     else:
         parts = _BLANK_LINES.split(text)
     if split_by == "chunks":
-        parts = list(_join_paragraphs(parts, max_chars))
+        parts = list(join_paragraphs(parts, max_chars))
     for part in parts:
         yield from split_long(part, max_chars)
 
 
-def _join_paragraphs(paragraphs: list[str], max_chars: int) -> Iterator[str]:
+def join_paragraphs(paragraphs: list[str], max_chars: int, separator: str = "\n\n") -> Iterator[str]:
+    """Consecutive paragraphs joined into chunks of up to `max_chars` (a longer paragraph stays whole)."""
     chunk: list[str] = []
     size = 0
     for para in paragraphs:
         para = para.strip()
         if not para:
             continue
-        if chunk and size + len(para) + 2 > max_chars:
-            yield "\n\n".join(chunk)
+        if chunk and size + len(para) + len(separator) > max_chars:
+            yield separator.join(chunk)
             chunk, size = [], 0
         chunk.append(para)
-        size += len(para) + 2
+        size += len(para) + len(separator)
     if chunk:
-        yield "\n\n".join(chunk)
+        yield separator.join(chunk)
 
 
 def _missing_column(path: Path, column: str, columns: list[str], key: str) -> StageError:

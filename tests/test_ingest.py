@@ -209,6 +209,30 @@ def test_save_to_disk_folder_and_hf_builder_offline(workdir) -> None:
         ingest.main()
 
 
+def test_glue_source_is_the_distinct_train_text_without_labels(workdir) -> None:
+    glue = workdir.path / "glue"
+    write(glue / "SST-2/train.tsv", "sentence\tlabel\na fine film \t1\na  dull film\t0\na fine film\t1\n")
+    write(glue / "SST-2/dev.tsv", "sentence\tlabel\nthe dev sentence\t1\n")
+    rte = "index\tsentence1\tsentence2\tlabel\n0\tA premise that is long.\ta fine film\tentailment\n"
+    write(glue / "RTE/train.tsv", rte)
+    workdir.set("glue.path", "glue")
+    workdir.set("glue.tasks", ["sst2", "rte"])
+    workdir.sources({"name": "tasks", "kind": "glue", "max_doc_chars": 100})
+    ingest.main()
+    frame = pq.read_table(workdir.path / "data/raw/00-tasks.parquet").to_pandas()
+    assert frame["text"].tolist() == ["a fine film\na dull film", "A premise that is long."]
+    assert frame["id"].tolist() == ["glue/sst2/train#0", "glue/rte/train#0"]  # RTE's dev.tsv is not read
+    assert metrics(workdir)["sources"]["tasks"] == {
+        "characters": 46,
+        "documents": 2,
+        "sentences": 3,
+        "train_rows": 4,
+    }
+    workdir.sources({"kind": "glue", "tasks": ["sst2", "sst3"]})
+    with pytest.raises(StageError, match=r"ingest.sources\[0\].tasks\[1\]: unknown GLUE task 'sst3'"):
+        ingest.main()
+
+
 def test_all_sources_empty_is_an_error(workdir) -> None:
     write(workdir.path / "empty.txt", b"")
     workdir.sources({"path": "empty.txt"})

@@ -56,6 +56,12 @@ def test_conflicting_options_are_rejected() -> None:
     raw["ingest"]["sources"] = [{"kind": "files"}]
     with pytest.raises(StageError, match=r"ingest.sources\[0\]: a 'files' source needs 'path'"):
         parse_params(raw)
+    raw["ingest"]["sources"] = [{"kind": "glue", "path": "glue_data"}]
+    with pytest.raises(StageError, match=r"ingest.sources\[0\]: a 'glue' source reads the train splits"):
+        parse_params(raw)
+    raw["ingest"]["sources"] = [{"path": "a.txt", "tasks": ["sst2"]}]
+    with pytest.raises(StageError, match=r"ingest.sources\[0\]: 'tasks' is for 'glue' sources, not 'files'"):
+        parse_params(raw)
     raw["ingest"]["sources"] = [{"path": "a.txt"}, {"path": "b/a.txt"}]
     with pytest.raises(StageError, match="source names must be unique; repeated: a"):
         parse_params(raw)

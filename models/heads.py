@@ -1,8 +1,10 @@
 """Sequence classification and regression heads for fine-tuning, one pooling per architecture.
 
-Encoder: the [CLS] state (position 0). Decoder: the last non-pad token, the only one that has seen
-the whole input. Encoder-decoder: the masked mean of the encoder states, or the first decoder state
-(the decoder run on one start token, attending to the whole encoder).
+Encoder: the [CLS] state (position 0), or the masked mean of its states (our MLM pretraining never
+shows [CLS], so its state starts untrained; the mean pools states the pretraining did train).
+Decoder: the last non-pad token, the only one that has seen the whole input. Encoder-decoder: the
+masked mean of the encoder states, or the first decoder state (the decoder run on one start token,
+attending to the whole encoder).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from torch import Tensor, nn
 
 from models.transformer import Transformer
 
-Pooling = Literal["cls", "last", "mean_encoder", "first_decoder"]
+Pooling = Literal["cls", "mean", "last", "mean_encoder", "first_decoder"]
 DEFAULT_POOLING: dict[str, Pooling] = {"encoder": "cls", "decoder": "last", "encoder_decoder": "mean_encoder"}
 
 
@@ -34,7 +36,7 @@ class SequenceHead(nn.Module):
         arch = backbone.cfg.arch
         self.pooling = pooling or DEFAULT_POOLING[arch]
         allowed = {
-            "encoder": ("cls",),
+            "encoder": ("cls", "mean"),
             "decoder": ("last",),
             "encoder_decoder": ("mean_encoder", "first_decoder"),
         }
@@ -60,7 +62,7 @@ class SequenceHead(nn.Module):
             last = pad_mask.long().sum(1) - 1
             return hidden[torch.arange(len(ids), device=ids.device), last]
         memory = net.encode(ids, pad_mask)
-        if self.pooling == "mean_encoder":
+        if self.pooling in ("mean", "mean_encoder"):
             weights = pad_mask.unsqueeze(-1).to(memory.dtype)
             return (memory * weights).sum(1) / weights.sum(1).clamp(min=1)
         start = torch.full((len(ids), 1), self.start_id, dtype=ids.dtype, device=ids.device)

@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     from models.heads import SequenceHead
 
     target = device(common.accelerator)
+    pooling = {"encoder": common.encoder_pooling, "encoder_decoder": common.encdec_pooling}
     num_labels = 1 if task.is_regression else len(task.labels or ())
     stage = stage_name(name, task.name, init)
     tags = {
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
                 head = SequenceHead(
                     backbone(params, name, init, tok["vocab_size"], seed),
                     num_labels,
-                    pooling=common.encdec_pooling if variant.arch == "encoder_decoder" else None,
+                    pooling=pooling.get(variant.arch),
                     dropout=common.dropout,
                     start_id=tok["bos_id"],
                 ).to(target)

@@ -303,6 +303,7 @@ class FinetuneCommonParams(Strict):
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="before the head")
+    encoder_pooling: Literal["cls", "mean"] = "cls"
     encdec_pooling: Literal["mean_encoder", "first_decoder"] = "mean_encoder"
     eval_batch_size: int = Field(128, ge=1)
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")

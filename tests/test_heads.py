@@ -27,6 +27,7 @@ def padded(lengths: list[int], width: int = 12, seed: int = 0) -> tuple[torch.Te
     ("arch", "pooling"),
     [
         ("encoder", None),
+        ("encoder", "mean"),
         ("decoder", None),
         ("encoder_decoder", "mean_encoder"),
         ("encoder_decoder", "first_decoder"),

@@ -130,14 +130,10 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter) -> Iterat
 def glue_documents(source: SourceParams, key: str, glue: GlueParams, counts: Counter) -> Iterator[Document]:
     """Each distinct sentence of the tasks' train splits once, joined into documents of up to
     `max_doc_chars`; the labels are dropped and evaluation splits are never read."""
-    names = (
-        [(name, f"{key}.tasks[{i}]") for i, name in enumerate(source.tasks)]
-        if source.tasks
-        else [(name, f"glue.tasks[{i}]") for i, name in enumerate(glue.tasks)]
-    )
+    tasks, tasks_key = (source.tasks, f"{key}.tasks") if source.tasks else (glue.tasks, "glue.tasks")
     seen: set[str] = set()
-    for name, name_key in names:
-        spec = glue_task(name, name_key)
+    for i, name in enumerate(tasks):
+        spec = glue_task(name, f"{tasks_key}[{i}]")
         train = read_task(glue, spec, ["train"])["train"]
         counts["train_rows"] += len(train)
         sentences = []

@@ -23,15 +23,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.config import ModelConfig  # noqa: E402
-from models.lightning import PretrainModule, TrainConfig, make_batch  # noqa: E402
+from models.lightning import PretrainModule, make_batch  # noqa: E402
 from models.objectives import batch_generator  # noqa: E402
+from stages.params import ObjectivesParams, PretrainParams  # noqa: E402
+from stages.pretrain import train_config  # noqa: E402
 
 V, D, LAYERS, HEADS, FF, SEQ, BATCH = 16000, 256, 4, 4, 1024, 128, 16
 ARCH = {"mlm": "encoder", "clm": "decoder", "span": "encoder_decoder"}
 
 
 def batch_for(objective: str) -> dict[str, torch.Tensor]:
-    cfg = TrainConfig(objective=objective, seq_len=SEQ, batch_size=BATCH)
+    cfg = train_config(objective, PretrainParams(seq_len=SEQ, batch_size=BATCH), ObjectivesParams(), 0)
     g = batch_generator(0, 0)
     rows = torch.randint(107, V, (BATCH, cfg.row_length()), generator=g)
     return make_batch(rows, cfg, g, V)
@@ -48,7 +50,8 @@ def ours(objective: str):
         max_len=SEQ,
         bias=True,
     )
-    module = PretrainModule(cfg.to_dict(), TrainConfig(objective=objective, seq_len=SEQ).__dict__)
+    train = train_config(objective, PretrainParams(seq_len=SEQ), ObjectivesParams(), 0)
+    module = PretrainModule(cfg.to_dict(), train.__dict__)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
 
     def step(batch: dict[str, torch.Tensor]) -> float:

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
@@ -38,16 +37,17 @@ from prefect.futures import as_completed
 from flows import profile as profiles
 from flows.pipeline import (
     FlowFailed,
-    FlowTracking,
     PipelineError,
-    _env,
-    _last_line,
     check_overrides,
     cli,
     hydra_value,
+    last_line,
     pool_overrides,
+    stage_env,
 )
-from stages.tracking import PARENT_RUN_ENV, git_commit
+from stages.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve
+from stages.params import read_params_yaml, tracking_experiment
+from stages.tracking import FlowTracking, child_env, git_commit
 
 MODELS_KEY = "models"  # a grid key of its own: which model variants of params.yaml a point trains
 MLM = "objectives.mlm"
@@ -70,7 +70,6 @@ BASELINES: dict[str, dict[str, Any]] = {
     "architecture": {MODELS_KEY: "encoder_mlm"},
     "span_density": {"objectives.span.noise_density": 0.15},
 }
-PREDICTIONS = "data/evaluate/predictions.parquet"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
 
 
@@ -128,7 +127,7 @@ class Point:
 def run_point(repo_dir: Path, point: Point, tracking_uri: str) -> dict[str, Any]:
     """The point as a DVC experiment in a temporary workspace; its metrics and loss curves back."""
     logger = get_run_logger()
-    env = _env({PARENT_RUN_ENV: point.run_id, "MLFLOW_TRACKING_URI": tracking_uri})
+    env = stage_env(child_env(point.run_id, tracking_uri))
     command = ["dvc", "--wait-for-lock", "exp", "run", "--temp", "--name", point.experiment]
     for override in point.overrides:
         command += ["-S", override]
@@ -140,11 +139,11 @@ def run_point(repo_dir: Path, point: Point, tracking_uri: str) -> dict[str, Any]
     ran = re.findall(r"Running stage '([^']+)'", result.stdout + result.stderr)
     logger.info("%s: ran %s", point.experiment, ", ".join(ran) or "nothing (all cached)")
     if result.returncode != 0:
-        raise RuntimeError(f"{point.experiment}: {_last_line(result.stderr or result.stdout)}")
+        raise RuntimeError(f"{point.experiment}: {last_line(result.stderr or result.stdout)}")
     # the experiment's own outputs, from the DVC cache through its commit
-    glue = json.loads(_read(repo_dir, "metrics/glue.json", point.experiment))
+    glue = json.loads(_read(repo_dir, GLUE_METRICS, point.experiment))
     curves = {
-        model: pd.read_csv(io.StringIO(_read(repo_dir, f"plots/pretrain/{model}.csv", point.experiment)))
+        model: pd.read_csv(io.StringIO(_read(repo_dir, pretrain_curve(model), point.experiment)))
         for model in glue
     }
     predictions = pd.read_parquet(io.BytesIO(_read(repo_dir, PREDICTIONS, point.experiment, "rb")))
@@ -157,10 +156,10 @@ def run_point(repo_dir: Path, point: Point, tracking_uri: str) -> dict[str, Any]
     }
 
 
-def _read(repo_dir: Path, path: str, experiment: str, mode: str = "r") -> Any:
+def _read(repo_dir: Path, path: Path, experiment: str, mode: str = "r") -> Any:
     import dvc.api
 
-    return dvc.api.read(path, repo=str(repo_dir), rev=experiment, mode=mode)
+    return dvc.api.read(path.as_posix(), repo=str(repo_dir), rev=experiment, mode=mode)
 
 
 def baseline_index(
@@ -383,7 +382,7 @@ def ablation(
     if not _NAME.match(sweep):
         raise PipelineError(f"sweep name '{sweep}': letters, digits, '-', '_' and '.' only")
     params_file = repo_dir / "params.yaml"
-    params = yaml.safe_load(params_file.read_text()) or {}
+    params = read_params_yaml(params_file) or {}
     values = expand(points_spec)
     on_profile = profiles.overrides(profile, corpus, glue) if profile else []
     overrides = [[*on_profile, *point_overrides(point, params, params_file)] for point in values]
@@ -395,7 +394,7 @@ def ablation(
     if max_parallel < 1:
         raise PipelineError("max_parallel must be at least 1")
 
-    tracking = FlowTracking(repo_dir, params.get("tracking", {}).get("experiment", "lmpipe"))
+    tracking = FlowTracking(repo_dir, tracking_experiment(params_file))
     parent = tracking.start(
         sweep, {"stage": "ablation", "sweep": sweep, "preset": preset or "", "git_commit": git_commit()}
     )
@@ -515,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # bad input is one line before any flow starts
         repo_dir = Path(args.repo).resolve()
         params_file = repo_dir / "params.yaml"
-        params = yaml.safe_load(params_file.read_text()) or {}
+        params = read_params_yaml(params_file) or {}
         values = expand(resolve_grid(args.preset, grid))
         for point in values:
             point_overrides(point, params, params_file)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -31,7 +30,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 from prefect.tasks import exponential_backoff
 
-from stages.tracking import DEFAULT_TRACKING_URI, PARENT_RUN_ENV
+from stages.common import StageError
+from stages.params import read_params_yaml, tracking_experiment
+from stages.tracking import PARENT_RUN_ENV, FlowTracking, child_env
 
 _TAIL_LINES = 20  # of a stage's output, logged when it finishes
 # params overrides from the environment: a work pool's job variables carry its device settings
@@ -57,6 +58,9 @@ def cli(body: Callable[[], str]) -> int:
     except FlowFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except StageError as exc:  # params.yaml itself is wrong
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -155,10 +159,8 @@ def select(nodes: Mapping[str, StageNode], targets: Sequence[str] | None) -> dic
 
 def check_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
     """Every `key=value` names a key of params.yaml (`+key=` adds one, `~key` deletes one, as in DVC)."""
-    import yaml
-
     params_file = repo_dir / "params.yaml"
-    params = yaml.safe_load(params_file.read_text()) or {}
+    params = read_params_yaml(params_file) or {}
     for override in overrides:
         key, sep, _ = override.partition("=")
         if key.startswith(("+", "~")):
@@ -207,7 +209,7 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def stage_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     # stage commands say `python`: the interpreter of this flow, as when DVC runs from this venv
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return {**os.environ, "PATH": path, "DVC_NO_ANALYTICS": "1", **(extra or {})}
@@ -217,7 +219,7 @@ def dvc(repo_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dvc", "--wait-for-lock", *args],
         cwd=repo_dir,
-        env=_env(),
+        env=stage_env(),
         capture_output=True,
         text=True,
     )
@@ -229,11 +231,11 @@ def changed(repo_dir: Path, names: Sequence[str]) -> set[str]:
         return set()
     result = dvc(repo_dir, "status", "--json", *names)
     if result.returncode != 0:
-        raise PipelineError(f"dvc status failed: {_last_line(result.stderr or result.stdout)}")
+        raise PipelineError(f"dvc status failed: {last_line(result.stderr or result.stdout)}")
     return set(json.loads(result.stdout or "{}")) & set(names)
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
 
@@ -254,15 +256,17 @@ def run_stage(repo_dir: Path, node: StageNode, recheck: bool, env: Mapping[str, 
         return StageResult(node.name, False, time.perf_counter() - started)
     for cmd in node.cmds:
         logger.info("%s: %s", node.name, cmd)
-        result = subprocess.run(cmd, shell=True, cwd=node.wdir, env=_env(env), capture_output=True, text=True)
+        result = subprocess.run(
+            cmd, shell=True, cwd=node.wdir, env=stage_env(env), capture_output=True, text=True
+        )
         output = (result.stdout + result.stderr).strip().splitlines()
         if output:
             logger.info("%s output (last lines):\n%s", node.name, "\n".join(output[-_TAIL_LINES:]))
         if result.returncode != 0:
-            raise RuntimeError(f"exit {result.returncode}: {_last_line(result.stderr or result.stdout)}")
+            raise RuntimeError(f"exit {result.returncode}: {last_line(result.stderr or result.stdout)}")
     committed = dvc(repo_dir, "commit", "--force", node.name)
     if committed.returncode != 0:
-        raise RuntimeError(f"dvc commit failed: {_last_line(committed.stderr or committed.stdout)}")
+        raise RuntimeError(f"dvc commit failed: {last_line(committed.stderr or committed.stdout)}")
     return StageResult(node.name, True, time.perf_counter() - started)
 
 
@@ -312,8 +316,8 @@ def schedule(
             pending.remove(name)
             started[name] = time.perf_counter()
             device = free_gpus.pop(0) if node.gpu and free_gpus else None
-            stage_env = {**env, "CUDA_VISIBLE_DEVICES": device} if device is not None else env
-            future = run_stage.with_options(**options).submit(repo_dir, node, name not in stale, stage_env)
+            on_device = {**env, "CUDA_VISIBLE_DEVICES": device} if device is not None else env
+            future = run_stage.with_options(**options).submit(repo_dir, node, name not in stale, on_device)
             running[future] = node
             if device is not None:
                 gpu_of[future] = device
@@ -374,47 +378,17 @@ def pipeline(
         if remote:
             pulled = dvc(repo_dir, "pull", "--allow-missing", "--remote", remote, *nodes)
             if pulled.returncode != 0:
-                raise PipelineError(f"dvc pull from '{remote}' failed: {_last_line(pulled.stderr)}")
+                raise PipelineError(f"dvc pull from '{remote}' failed: {last_line(pulled.stderr)}")
         summary = schedule(repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env, gpus)
         if remote and summary.ran:
             pushed = dvc(repo_dir, "push", "--remote", remote, *summary.ran)
             if pushed.returncode != 0:
-                raise PipelineError(f"dvc push to '{remote}' failed: {_last_line(pushed.stderr)}")
+                raise PipelineError(f"dvc push to '{remote}' failed: {last_line(pushed.stderr)}")
     logger.info("pipeline: %s\n%s", summary.line(), summary.markdown())
     create_markdown_artifact(summary.markdown(), key="pipeline-summary", description=summary.line())
     if summary.failed:
         raise StageFailed(summary)
     return asdict(summary)
-
-
-class FlowTracking:
-    """A flow's MLflow runs: a parent, and children of it (the ablation's points)."""
-
-    def __init__(self, repo_dir: Path, experiment: str) -> None:
-        import mlflow
-
-        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI.replace(
-            "sqlite:///", f"sqlite:///{repo_dir}/"
-        )  # absolute: stages may run in temporary copies of the workspace (dvc exp run --temp)
-        self.client = mlflow.MlflowClient(self.uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-
-    def start(self, name: str, tags: Mapping[str, Any], parent: str | None = None) -> str:
-        tags = {k: str(v) for k, v in tags.items()}
-        if parent:
-            tags["mlflow.parentRunId"] = parent
-        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
-
-    def log(self, run_id: str, metrics: Mapping[str, float], params: Mapping[str, Any] | None = None) -> None:
-        from mlflow.entities import Metric, Param
-
-        now = int(time.time() * 1000)
-        self.client.log_batch(
-            run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if not math.isnan(float(v))],
-            params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
-        )
 
 
 class _parent_run:
@@ -427,16 +401,14 @@ class _parent_run:
     def __enter__(self) -> dict[str, str]:
         if os.environ.get(PARENT_RUN_ENV):
             return {}
-        import yaml
-
         from stages.tracking import git_commit
 
-        params = yaml.safe_load((self.repo_dir / "params.yaml").read_text()) or {}
-        self.tracking = FlowTracking(self.repo_dir, params.get("tracking", {}).get("experiment", "lmpipe"))
+        experiment = tracking_experiment(self.repo_dir / "params.yaml")
+        self.tracking = FlowTracking(self.repo_dir, experiment)
         tags = {"stage": "pipeline", "git_commit": git_commit(), "targets": ",".join(self.targets or [])}
         tags.update({f"override.{o.partition('=')[0]}": o.partition("=")[2] for o in self.overrides or []})
         self.run_id = self.tracking.start("pipeline", tags)
-        return {PARENT_RUN_ENV: self.run_id, "MLFLOW_TRACKING_URI": self.tracking.uri}
+        return child_env(self.run_id, self.tracking.uri)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if self.run_id is not None:

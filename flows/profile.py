@@ -26,10 +26,17 @@ from typing import Any
 
 import yaml
 
-from flows.pipeline import FlowFailed, FlowTracking, PipelineError, _env, cli, hydra_value, pool_overrides
+from flows.pipeline import (
+    FlowFailed,
+    PipelineError,
+    cli,
+    hydra_value,
+    pool_overrides,
+    stage_env,
+)
 from stages.common import StageError
-from stages.params import Params, parse_params
-from stages.tracking import PARENT_RUN_ENV, flatten, git_commit
+from stages.params import Params, parse_params, read_params_yaml
+from stages.tracking import FlowTracking, child_env, flatten, git_commit
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 PLACEHOLDERS = ("corpus", "glue")
@@ -88,7 +95,7 @@ def validate(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> Param
         except Exception as exc:  # hydra's parse errors: report them as one line
             raise PipelineError(f"{origin}: {' '.join(str(exc).split())}") from None
         try:
-            return parse_params(yaml.safe_load(params_file.read_text()), origin)
+            return parse_params(read_params_yaml(params_file), origin)
         except StageError as exc:
             raise PipelineError(str(exc)) from None
 
@@ -118,7 +125,7 @@ def run(
     command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "--name", name]
     for override in given:
         command += ["-S", override]
-    env = _env({PARENT_RUN_ENV: parent, "MLFLOW_TRACKING_URI": tracking.uri})
+    env = stage_env(child_env(parent, tracking.uri))
     print(f"profile {profile}: dvc experiment {name}", flush=True)
     result = subprocess.run(command, cwd=repo_dir, env=env)  # its progress goes to the terminal
     tracking.client.set_terminated(parent, "FINISHED" if result.returncode == 0 else "FAILED")

@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 Arch = Literal["encoder", "decoder", "encoder_decoder"]
+Objective = Literal["mlm", "clm", "span"]
+# BERT's masked LM, GPT's next token, T5's span corruption: the objective each architecture trains with
+OBJECTIVE_OF_ARCH: dict[str, Objective] = {"encoder": "mlm", "decoder": "clm", "encoder_decoder": "span"}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from models.finetune_data import pad_batch
 from models.heads import SequenceHead
-from models.objectives import derived_seed
+from models.objectives import NonFiniteLoss, derived_seed
 from models.transformer import weight_decay_groups
 
 DROPOUT_STREAM = 2**42
@@ -32,23 +32,21 @@ Precision = Literal["32-true", "bf16-mixed"]
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    lr: float = 1e-4
-    epochs: int = 3
-    batch_size: int = 32
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 1
-    precision: Precision = "32-true"
-    group_by_length: bool = True
+    """One seed's fine-tuning recipe. `stages.finetune.finetune_config` builds it from params.yaml, whose
+    schema (stages/params.py) holds the one set of defaults."""
+
+    seed: int
+    lr: float
+    epochs: int
+    batch_size: int
+    warmup_ratio: float
+    weight_decay: float
+    grad_clip: float
+    precision: Precision
+    group_by_length: bool
 
     def total_steps(self, n_examples: int) -> int:
         return math.ceil(n_examples / self.batch_size) * self.epochs
-
-
-class NonFiniteLoss(FloatingPointError):
-    def __init__(self, step: int, value: float) -> None:
-        super().__init__(f"the fine-tuning loss became {value} at step {step}")
 
 
 def warmup_linear(step: int, warmup: int, total: int) -> float:

@@ -18,8 +18,9 @@ from lightning.pytorch.utilities import grad_norm
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from models.config import ModelConfig
+from models.config import ModelConfig, Objective
 from models.objectives import (
+    NonFiniteLoss,
     SpecialIds,
     batch_generator,
     causal_lm_batch,
@@ -30,57 +31,55 @@ from models.objectives import (
 )
 from models.transformer import Transformer, weight_decay_groups
 
-Objective = Literal["mlm", "clm", "span"]
-OBJECTIVE_OF_ARCH: dict[str, Objective] = {"encoder": "mlm", "decoder": "clm", "encoder_decoder": "span"}
 VAL_STEP_OFFSET = 2**40  # validation masks come from a stream no training step uses
 DROPOUT_STREAM = 2**41
 
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """What shapes a pretraining run's trajectory. `stages.pretrain.train_config` builds it from
+    params.yaml, whose schema (stages/params.py) holds the one set of defaults."""
+
     objective: Objective
-    seq_len: int = 128
-    batch_size: int = 16
-    max_steps: int = 200
-    accumulate: int = 1
-    lr: float = 1e-3
-    warmup_steps: int = 20
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.98
-    grad_clip: float = 1.0
-    seed: int = 1234
-    sampling: Literal["random", "epoch"] = "random"
-    val_batches: int = 4
-    mask_rate: float = 0.15
-    mask_fraction: float = 0.8
-    random_fraction: float = 0.1
-    noise_density: float = 0.15
-    mean_span_length: float = 3.0
+    objective_args: dict[str, float]  # params.yaml `objectives.<objective>`
+    seed: int
+    seq_len: int
+    batch_size: int
+    max_steps: int
+    accumulate: int
+    lr: float
+    warmup_steps: int
+    schedule: Literal["cosine", "linear", "constant"]
+    min_lr_ratio: float
+    weight_decay: float
+    beta1: float
+    beta2: float
+    sampling: Literal["random", "epoch"]
+    val_batches: int
 
     def row_length(self) -> int:
         """Tokens read per row: inputs plus the shifted target (CLM) or the raw span-corruption length."""
         if self.objective == "clm":
             return self.seq_len + 1
         if self.objective == "span":
-            return span_corruption_lengths(self.seq_len, self.noise_density, self.mean_span_length)[0]
+            args = self.objective_args
+            return span_corruption_lengths(self.seq_len, args["noise_density"], args["mean_span_length"])[0]
         return self.seq_len
 
 
 def make_batch(
     rows: Tensor, cfg: TrainConfig, generator: torch.Generator, vocab_size: int
 ) -> dict[str, Tensor]:
+    args = cfg.objective_args
     if cfg.objective == "mlm":
         masked = mask_tokens(
-            rows, generator, vocab_size, cfg.mask_rate, cfg.mask_fraction, cfg.random_fraction
+            rows, generator, vocab_size, args["mask_rate"], args["mask_fraction"], args["random_fraction"]
         )
         return {"input_ids": masked.input_ids, "positions": masked.positions, "labels": masked.labels}
     if cfg.objective == "clm":
         inputs, targets = causal_lm_batch(rows)
         return {"input_ids": inputs, "labels": targets}
-    spans = span_corrupt(rows, generator, cfg.noise_density, cfg.mean_span_length)
+    spans = span_corrupt(rows, generator, args["noise_density"], args["mean_span_length"])
     return {"input_ids": spans.input_ids, "labels": spans.target_ids}
 
 
@@ -180,12 +179,6 @@ class TokenDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         batches = validation_batches(self.tokens_dir / "val.bin", self.dtype, self.cfg, self.vocab_size)
         return DataLoader(batches, batch_size=None)
-
-
-class NonFiniteLoss(RuntimeError):
-    def __init__(self, step: int, value: float) -> None:
-        super().__init__(f"loss became {value} at step {step}")
-        self.step, self.value = step, value
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:

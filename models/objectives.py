@@ -40,6 +40,14 @@ class SpecialIds:
 SPECIAL = SpecialIds()
 
 
+class NonFiniteLoss(FloatingPointError):
+    """The loss of a training step (pretraining or fine-tuning) became NaN or infinite."""
+
+    def __init__(self, step: int, value: float) -> None:
+        super().__init__(f"the loss became {value} at step {step}")
+        self.step, self.value = step, value
+
+
 def derived_seed(*keys: int) -> int:
     """A 63-bit seed that is a pure function of `keys`; different keys give independent streams."""
     return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)

@@ -26,14 +26,12 @@ from stages.common import (
     run_main,
     write_json,
 )
+from stages.layout import CLEAN, CLEAN_METRICS, RAW
 from stages.params import CleanParams, load_params
 from stages.quality import RULES, exact_key, failed_rule, minhash_signature, normalize
 from stages.schemas import DOCUMENTS, validate
 from stages.tracking import stage_run
 
-RAW = Path("data/raw")
-OUT = Path("data/clean")
-METRICS = Path("metrics/clean.json")
 CHUNK = 256  # documents per task sent to a worker
 Verdict = tuple[str, str, str, str | None, bytes, LeanMinHash | None]  # id, source, text, rule, key, sig
 
@@ -128,7 +126,7 @@ def main() -> None:
         {"data.synthetic": manifest["synthetic"]},
     ) as run:
         docs, counts = clean_documents(files, cfg, params.seed, workers)
-        with atomic_dir(OUT) as tmp:
+        with atomic_dir(CLEAN) as tmp:
             schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
             with pq.ParquetWriter(tmp / "documents.parquet", schema, compression="zstd") as writer:
                 batch: list[tuple[str, str, str]] = []
@@ -152,7 +150,7 @@ def main() -> None:
             "kept_fraction": round(counts["documents_kept"] / counts["documents_in"], 6),
             "dropped": dropped,
         }
-        write_json(METRICS, report)
+        write_json(CLEAN_METRICS, report)
         run.log_metrics(report)
         log.info(
             "clean: kept %d of %d documents; dropped %s",

@@ -22,15 +22,23 @@ import numpy as np
 import pandas as pd
 
 from stages.common import StageError, atomic_file, log, read_json, run_main, write_json
-from stages.finetune import predictions_sha256, stage_name
 from stages.glue import TASKS, GlueTask, glue_average, scores
+from stages.layout import (
+    GLUE,
+    GLUE_CHART,
+    GLUE_METRICS,
+    GLUE_PLOT,
+    GLUE_REPORT,
+    GLUE_TABLE,
+    PREDICTIONS,
+    finetune_dir,
+    finetune_stage,
+    predictions_sha256,
+)
 from stages.params import Params, load_params
 from stages.significance import METHOD, VERDICTS, Difference, compare
 from stages.tracking import stage_run
 
-FINETUNE = Path("data/finetune")
-GLUE = Path("data/glue")
-PREDICTIONS = Path("data/evaluate/predictions.parquet")
 INITS = ("pretrained", "scratch")
 METRIC_NAMES = {
     "accuracy": "Acc",
@@ -38,17 +46,6 @@ METRIC_NAMES = {
     "matthews_correlation": "MCC",
     "pearson": "Pearson",
     "spearmanr": "Spearman",
-}
-TASK_NAMES = {
-    "cola": "CoLA",
-    "sst2": "SST-2",
-    "mrpc": "MRPC",
-    "stsb": "STS-B",
-    "qqp": "QQP",
-    "mnli": "MNLI",
-    "qnli": "QNLI",
-    "rte": "RTE",
-    "wnli": "WNLI",
 }
 
 
@@ -61,7 +58,7 @@ def evaluation_key(task: GlueTask, split: str) -> str:
 
 def evaluation_title(key: str) -> str:
     task, _, suffix = key.partition("-")
-    return TASK_NAMES[task] + (f"-{suffix}" if suffix else "")
+    return TASKS[task].title + (f"-{suffix}" if suffix else "")
 
 
 @dataclass
@@ -109,8 +106,8 @@ def collect(params: Params) -> Scored:
         for name in params.glue.tasks:
             task = TASKS[name]
             for init in INITS:
-                run_dir = FINETUNE / model / name / init
-                summary = read_json(run_dir / "summary.json", stage_name(model, name, init))
+                run_dir = finetune_dir(model, name, init)
+                summary = read_json(run_dir / "summary.json", finetune_stage(model, name, init))
                 missing = [s for s in params.finetune.seeds if str(s) not in summary["seeds"]]
                 if missing:
                     raise StageError(
@@ -145,17 +142,13 @@ def log_to_finetune_runs(table: pd.DataFrame, experiment: str) -> None:
     """Each fine-tune's MLflow run gets its own GLUE scores (`<evaluation>/<metric>`), so the runs of
     one (model, task, seed) compare in the MLflow UI as they do in the report. The run is the one
     tagged with the digest of the very predictions scored."""
-    from stages.tracking import find_run, log_to_run
+    from stages.tracking import PREDICTIONS_TAG, find_run, finetune_run_key, log_to_run
 
     missing = 0
     for (model, init, name, seed), rows in table.groupby(["model", "init", "task", "seed"], sort=False):
         tags = {
-            "stage": "finetune",
-            "model": model,
-            "task": name,
-            "init": init,
-            "seed": str(seed),
-            "predictions_sha256": predictions_sha256(FINETUNE / model / name / init / f"seed{seed}"),
+            **finetune_run_key(model, name, init, seed),
+            PREDICTIONS_TAG: predictions_sha256(finetune_dir(model, name, init) / f"seed{seed}"),
         }
         run_id = find_run(experiment, tags)
         if run_id is None:
@@ -463,17 +456,17 @@ def main() -> None:
         ]
         aligned = aligned_predictions(scored, params.finetune.seeds)
         # everything is computed before the first file is written: a failure leaves no partial outputs
-        with atomic_file(Path("reports/glue.csv")) as handle:
+        with atomic_file(GLUE_TABLE) as handle:
             scored.table.to_csv(handle, index=False)
-        with atomic_file(Path("reports/glue.md")) as handle:
+        with atomic_file(GLUE_REPORT) as handle:
             handle.write(text)
-        with atomic_file(Path("reports/glue.png"), "wb") as handle:
+        with atomic_file(GLUE_CHART, "wb") as handle:
             handle.write(png)
-        with atomic_file(Path("plots/glue.csv")) as handle:
+        with atomic_file(GLUE_PLOT) as handle:
             pd.DataFrame(plot_rows).to_csv(handle, index=False)
         with atomic_file(PREDICTIONS, "wb") as handle:
             aligned.to_parquet(handle, index=False)
-        write_json(Path("metrics/glue.json"), summary)
+        write_json(GLUE_METRICS, summary)
         run.log_metrics(summary)
         run.set_tags(
             {
@@ -483,8 +476,8 @@ def main() -> None:
             }
         )
         log_to_finetune_runs(scored.table, params.tracking.experiment)
-        for path in ("metrics/glue.json", "reports/glue.md", "reports/glue.csv", "reports/glue.png"):
-            run.log_artifact(path)
+        for path in (GLUE_METRICS, GLUE_REPORT, GLUE_TABLE, GLUE_CHART):
+            run.log_artifact(str(path))
         for model, found in versus_scratch.items():
             log.info(
                 "evaluate: %s average %.1f pretrained, %.1f scratch: %s",
@@ -493,7 +486,7 @@ def main() -> None:
                 summary[model]["scratch"]["average"],
                 verdict_cell(found["average"]).replace("**", ""),
             )
-        log.info("evaluate: report in reports/glue.md")
+        log.info("evaluate: report in %s", GLUE_REPORT)
 
 
 if __name__ == "__main__":

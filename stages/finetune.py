@@ -10,8 +10,8 @@ prediction`) for every evaluation split and `summary.json`. One MLflow run per s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,25 +29,9 @@ from stages.common import (
     write_json,
 )
 from stages.glue import TASKS, GlueTask
-from stages.params import Params, load_params
-from stages.tracking import find_run, stage_run
-
-TOKENIZER = Path("data/tokenizer")
-GLUE = Path("data/glue")
-OUT = Path("data/finetune")
-
-
-def stage_name(model: str, task: str, init: str) -> str:
-    return f"finetune{'_scratch' if init == 'scratch' else ''}@{model}-{task}"
-
-
-def predictions_sha256(seed_dir: Path) -> str:
-    """The digest of one seed's prediction files: it tags the seed's MLflow run, so that `evaluate` finds
-    the run of exactly these predictions while the stage's outputs stay free of run ids."""
-    digest = hashlib.sha256()
-    for path in sorted(seed_dir.glob("*.parquet")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+from stages.layout import GLUE, TOKENIZER, final_checkpoint, finetune_dir, finetune_stage, predictions_sha256
+from stages.params import FinetuneCommonParams, FinetuneTaskParams, Params, load_params
+from stages.tracking import PREDICTIONS_TAG, WEIGHTS_TAG, find_run, finetune_run_key, stage_run
 
 
 def tokenizer_meta() -> dict[str, Any]:
@@ -93,23 +77,29 @@ def backbone(params: Params, name: str, init: str, vocab_size: int, seed: int) -
 
     torch.manual_seed(derived_seed(seed, 0))  # the head's (and a scratch model's) initialisation
     if init == "pretrained":
-        return load_pretrained(Path("checkpoints") / name / "final")[0]
+        return load_pretrained(final_checkpoint(name))[0]
     variant = params.models[name]
-    try:
-        return Transformer(ModelConfig(arch=variant.arch, vocab_size=vocab_size, **variant.config_fields()))
-    except ValueError as exc:
-        raise StageError(f"params.yaml: models.{name}: {exc}") from None
+    return Transformer(ModelConfig(arch=variant.arch, vocab_size=vocab_size, **variant.config_fields()))
 
 
 def check_tokenizer(name: str, tokenizer_sha: str) -> None:
     """Refuse a checkpoint pretrained on another tokenizer's ids."""
-    path = Path("checkpoints") / name / "final" / "config.json"
+    path = final_checkpoint(name) / "config.json"
     config = read_json(path, f"pretrain@{name}")
     if config.get("tokenizer_sha256") != tokenizer_sha:
         raise StageError(
             f"{path}: the model was pretrained with tokenizer {str(config.get('tokenizer_sha256'))[:12]}, "
             f"but data/tokenizer is {tokenizer_sha[:12]}; re-run pretrain@{name} (dvc repro)"
         )
+
+
+def finetune_config(recipe: FinetuneTaskParams, common: FinetuneCommonParams, seed: int) -> Any:
+    """params.yaml -> one seed's fine-tuning config: the fields of the task's recipe and of
+    `finetune.common` that it has, by name."""
+    from models.finetune import FinetuneConfig
+
+    wanted = {f.name for f in fields(FinetuneConfig)}
+    return FinetuneConfig(seed=seed, **recipe.model_dump(include=wanted), **common.model_dump(include=wanted))
 
 
 def device(accelerator: str) -> Any:
@@ -122,6 +112,48 @@ def device(accelerator: str) -> Any:
     if accelerator == "gpu":
         raise StageError("params.yaml: finetune.common.accelerator=gpu: no CUDA device is visible")
     return torch.device("cpu")
+
+
+@dataclass
+class Examples:
+    """A task's rows, encoded: the (sampled) train split and every evaluation split."""
+
+    train: pd.DataFrame
+    train_ids: list[list[int]]
+    evaluations: dict[str, pd.DataFrame]
+    eval_ids: dict[str, list[list[int]]]
+
+
+def examples(task: GlueTask, recipe: FinetuneTaskParams, seed: int) -> Examples:
+    """The same rows for every seed and for both inits: a sample of train fixed by `seed`, whole dev sets."""
+    train = read_split(task, "train")
+    if recipe.max_train_rows and recipe.max_train_rows < len(train):
+        keep = np.random.default_rng(seed).choice(len(train), recipe.max_train_rows, replace=False)
+        train = train.iloc[np.sort(keep)].reset_index(drop=True)
+    evaluations = {s: read_split(task, s).head(recipe.max_eval_rows) for s in task.eval_splits}
+    threads = cpu_threads(0)
+    return Examples(
+        train,
+        encode(train, task, recipe.max_len, threads),
+        evaluations,
+        {s: encode(frame, task, recipe.max_len, threads) for s, frame in evaluations.items()},
+    )
+
+
+def predict_splits(head: Any, data: Examples, common: FinetuneCommonParams, out: Path) -> dict[str, float]:
+    """Predictions of every evaluation split into `out/<split>.parquet`; the loss of each split."""
+    from models.finetune import predict
+
+    out.mkdir()
+    losses = {}
+    for split, frame in data.evaluations.items():
+        labels = frame["label"].to_numpy()
+        predictions, losses[split] = predict(
+            head, data.eval_ids[split], labels, common.eval_batch_size, common.precision
+        )
+        rows = pd.DataFrame({"idx": frame["idx"], "label": labels, "prediction": predictions})
+        rows.to_parquet(out / f"{split}.parquet", index=False)
+    return losses
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,43 +172,26 @@ def main(argv: list[str] | None = None) -> None:
         raise StageError(
             f"params.yaml: glue.tasks: '{args.task}' is not among them ({', '.join(params.glue.tasks)})"
         )
-    task = TASKS[args.task]
+    task, variant = TASKS[args.task], params.models[name]
     recipe, common = params.finetune.tasks[task.name], params.finetune.common
-    variant = params.models[name]
+    stage = finetune_stage(name, task.name, init)
     tok = tokenizer_meta()
     if init == "pretrained":
         check_tokenizer(name, tok["sha256"])
+    data = examples(task, recipe, params.seed)
+    train_labels = data.train["label"].to_numpy()
 
-    train = read_split(task, "train")
-    if recipe.max_train_rows and recipe.max_train_rows < len(train):
-        keep = np.random.default_rng(params.seed).choice(len(train), recipe.max_train_rows, replace=False)
-        train = train.iloc[np.sort(keep)].reset_index(drop=True)
-    evaluations = {s: read_split(task, s).head(recipe.max_eval_rows) for s in task.eval_splits}
-    threads = cpu_threads(0)
-    train_ids = encode(train, task, recipe.max_len, threads)
-    eval_ids = {s: encode(frame, task, recipe.max_len, threads) for s, frame in evaluations.items()}
-    train_labels = train["label"].to_numpy()
-
-    from models.finetune import FinetuneConfig, NonFiniteLoss, finetune, predict
+    from models.finetune import finetune
     from models.heads import SequenceHead
+    from models.objectives import NonFiniteLoss
 
-    target = device(common.accelerator)
-    pooling = {"encoder": common.encoder_pooling, "encoder_decoder": common.encdec_pooling}
-    num_labels = 1 if task.is_regression else len(task.labels or ())
-    stage = stage_name(name, task.name, init)
-    tags = {
-        "model": name,
-        "arch": variant.arch,
-        "objective": variant.objective,
-        "task": task.name,
-        "init": init,
-        "tokenizer_sha256": tok["sha256"],
-        "data.synthetic": params.glue.synthetic,
-    }
+    # tracking: one run per seed, linked to the pretrain run of the weights it starts from
+    tags = {"arch": variant.arch, "objective": variant.objective, "tokenizer_sha256": tok["sha256"]}
+    tags["data.synthetic"] = params.glue.synthetic
     weights_sha = None
     if init == "pretrained":
-        weights_sha = sha256_file(Path("checkpoints") / name / "final" / "model.safetensors")
-        found = find_run(params.tracking.experiment, {"stage": "pretrain", "weights_sha256": weights_sha})
+        weights_sha = sha256_file(final_checkpoint(name) / "model.safetensors")
+        found = find_run(params.tracking.experiment, {"stage": "pretrain", WEIGHTS_TAG: weights_sha})
         if found:
             tags["pretrain_run_id"] = found
     logged_params = {
@@ -184,28 +199,21 @@ def main(argv: list[str] | None = None) -> None:
         f"finetune.tasks.{task.name}": recipe.model_dump(),
         "finetune.common": common.model_dump(),
         "init": init,
-        "train_rows": len(train),
+        "train_rows": len(data.train),
     }
 
+    target = device(common.accelerator)
+    pooling = {"encoder": common.encoder_pooling, "encoder_decoder": common.encdec_pooling}
+    num_labels = 1 if task.is_regression else len(task.labels or ())
     results: dict[str, Any] = {}
-    with atomic_dir(OUT / name / task.name / init) as tmp:
+    with atomic_dir(finetune_dir(name, task.name, init)) as tmp:
         for seed in params.finetune.seeds:
-            cfg = FinetuneConfig(
-                lr=recipe.lr,
-                epochs=recipe.epochs,
-                batch_size=recipe.batch_size,
-                warmup_ratio=recipe.warmup_ratio,
-                weight_decay=common.weight_decay,
-                grad_clip=common.grad_clip,
-                seed=seed,
-                precision=common.precision,
-                group_by_length=common.group_by_length,
-            )
+            cfg = finetune_config(recipe, common, seed)
             with stage_run(
                 "finetune",
                 params.tracking.experiment,
                 {**logged_params, "seed": seed},
-                {**tags, "seed": seed},
+                {**tags, **finetune_run_key(name, task.name, init, seed)},
                 run_name=f"{stage}/seed{seed}",
             ) as run:
                 started = time.perf_counter()
@@ -217,26 +225,17 @@ def main(argv: list[str] | None = None) -> None:
                     start_id=tok["bos_id"],
                 ).to(target)
                 try:
-                    losses = finetune(head, train_ids, train_labels, cfg)
+                    losses = finetune(head, data.train_ids, train_labels, cfg)
                 except NonFiniteLoss as exc:
                     raise StageError(
                         f"{stage} seed {seed}: {exc}; lower finetune.tasks.{task.name}.lr"
                     ) from None
                 run.log_series("train_loss", losses)
-                eval_losses = {}
-                (tmp / f"seed{seed}").mkdir()
-                for split, frame in evaluations.items():
-                    labels = frame["label"].to_numpy()
-                    predictions, eval_losses[split] = predict(
-                        head, eval_ids[split], labels, common.eval_batch_size, common.precision
-                    )
-                    pd.DataFrame(
-                        {"idx": frame["idx"], "label": labels, "prediction": predictions}
-                    ).to_parquet(tmp / f"seed{seed}" / f"{split}.parquet", index=False)
+                eval_losses = predict_splits(head, data, common, tmp / f"seed{seed}")
                 seconds = time.perf_counter() - started
                 digest = predictions_sha256(tmp / f"seed{seed}")
                 # the GLUE metrics come from `evaluate`, which scores the predictions and logs them here
-                run.set_tags({"predictions_sha256": digest})
+                run.set_tags({PREDICTIONS_TAG: digest})
                 run.log_metrics({"loss": eval_losses, "steps": len(losses), "train_seconds": seconds})
             # no run id or timing here: the same params give the same bytes
             results[str(seed)] = {
@@ -254,23 +253,21 @@ def main(argv: list[str] | None = None) -> None:
                 losses[-1],
                 ", ".join(f"{split} loss {loss:.3f}" for split, loss in eval_losses.items()),
             )
-        write_json(
-            tmp / "summary.json",
-            {
-                "model": name,
-                "task": task.name,
-                "init": init,
-                "arch": variant.arch,
-                "objective": variant.objective,
-                "train_rows": len(train),
-                "eval_rows": {s: len(f) for s, f in evaluations.items()},
-                "steps": cfg.total_steps(len(train)),
-                "synthetic": params.glue.synthetic,
-                "tokenizer_sha256": tok["sha256"],
-                "weights_sha256": weights_sha,  # of the pretrained checkpoint; None from scratch
-                "seeds": results,
-            },
-        )
+        summary = {
+            "model": name,
+            "task": task.name,
+            "init": init,
+            "arch": variant.arch,
+            "objective": variant.objective,
+            "train_rows": len(data.train),
+            "eval_rows": {s: len(f) for s, f in data.evaluations.items()},
+            "steps": cfg.total_steps(len(data.train)),
+            "synthetic": params.glue.synthetic,
+            "tokenizer_sha256": tok["sha256"],
+            "weights_sha256": weights_sha,  # of the pretrained checkpoint; None from scratch
+            "seeds": results,
+        }
+        write_json(tmp / "summary.json", summary)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,11 @@ class GlueTask:
     tsv_label: str | int = "label"
 
     @property
+    def title(self) -> str:
+        """The GLUE paper's name of the task ("SST-2"), which is also its folder's."""
+        return self.folder
+
+    @property
     def is_regression(self) -> bool:
         return self.labels is None
 

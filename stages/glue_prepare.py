@@ -15,11 +15,10 @@ import pandas as pd
 from stages.common import StageError, atomic_dir, log, run_main, write_json
 from stages.glue import GlueTask, read_tsv
 from stages.glue import task as glue_task
+from stages.layout import GLUE
 from stages.params import GlueParams, load_params
 from stages.schemas import glue_schema, validate
 from stages.tracking import stage_run
-
-OUT = Path("data/glue")
 
 
 def from_datasets(data: object, spec: GlueTask, where: str, splits: Sequence[str]) -> dict[str, pd.DataFrame]:
@@ -82,7 +81,7 @@ def main() -> None:
         {"data.synthetic": cfg.synthetic},
     ) as run:
         counts: dict[str, dict[str, int]] = {}
-        with atomic_dir(OUT) as tmp:
+        with atomic_dir(GLUE) as tmp:
             for spec in specs:
                 (tmp / spec.name).mkdir()
                 for split, frame in read_task(cfg, spec).items():

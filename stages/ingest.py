@@ -19,13 +19,12 @@ import pyarrow.parquet as pq
 from stages.common import StageError, atomic_dir, log, progress, run_main, write_json
 from stages.glue import task as glue_task
 from stages.glue_prepare import read_task
+from stages.layout import INGEST_METRICS, RAW
 from stages.params import GlueParams, IngestParams, SourceParams, load_params
 from stages.readers import FileReader, TextDecoder, detect_format, join_paragraphs, split_long
 from stages.schemas import DOCUMENTS, validate
 from stages.tracking import stage_run
 
-OUT = Path("data/raw")
-METRICS = Path("metrics/ingest.json")
 BATCH_ROWS = 8192
 Document = tuple[str, str]  # (id, text)
 
@@ -184,7 +183,7 @@ def main() -> None:
     ) as run:
         report: dict[str, dict[str, int]] = {}
         manifest = []
-        with atomic_dir(OUT) as tmp:
+        with atomic_dir(RAW) as tmp:
             for i, source in enumerate(cfg.sources):
                 key = f"ingest.sources[{i}]"
                 counts: Counter = Counter()
@@ -214,7 +213,7 @@ def main() -> None:
         totals: Counter = Counter()
         for counts_of_source in report.values():
             totals.update(counts_of_source)
-        write_json(METRICS, {"total": dict(sorted(totals.items())), "sources": report})
+        write_json(INGEST_METRICS, {"total": dict(sorted(totals.items())), "sources": report})
         run.log_metrics({"total": dict(totals)})
         log.info(
             "ingest: %d documents, %.1f MB from %d sources",

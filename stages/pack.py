@@ -30,12 +30,10 @@ from stages.common import (
     run_main,
     write_json,
 )
+from stages.layout import CLEAN, TOKENIZER, TOKENS
 from stages.params import PackParams, load_params
 from stages.tracking import stage_run
 
-CLEAN = Path("data/clean")
-TOKENIZER = Path("data/tokenizer")
-OUT = Path("data/tokens")
 SPLITS = ("train", "val")
 T = TypeVar("T")
 R = TypeVar("R")
@@ -133,7 +131,7 @@ def main() -> None:
         {"seed": params.seed, "pack": cfg.model_dump()},
         {"data.synthetic": manifest["synthetic"], "tokenizer_sha256": tok_meta["sha256"]},
     ) as run:
-        with atomic_dir(OUT) as tmp:
+        with atomic_dir(TOKENS) as tmp:
             counts = pack(CLEAN / "documents.parquet", TOKENIZER / "spm.model", cfg, params.seed, tmp)
             meta = {
                 "vocab_size": tok_meta["vocab_size"],

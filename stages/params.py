@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from models.config import PRESETS
+from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig
 from stages.common import StageError
 
 PARAMS_FILE = Path("params.yaml")
@@ -184,7 +184,7 @@ class ModelParams(Strict):
 
     @model_validator(mode="after")
     def _objective_fits_arch(self) -> ModelParams:
-        expected = {"encoder": "mlm", "decoder": "clm", "encoder_decoder": "span"}[self.arch]
+        expected = OBJECTIVE_OF_ARCH[self.arch]
         if self.objective != expected:
             raise ValueError(
                 f"objective '{self.objective}' does not fit arch '{self.arch}' (use '{expected}')"
@@ -366,11 +366,10 @@ class Params(Strict):
                     f"models.{name}.max_len ({fields['max_len']}) is shorter than "
                     f"pretrain.seq_len ({self.pretrain.seq_len})"
                 )
-            if fields["d_model"] % fields["n_heads"]:
-                raise ValueError(
-                    f"models.{name}: d_model ({fields['d_model']}) must be divisible by "
-                    f"n_heads ({fields['n_heads']})"
-                )
+            try:  # the model's own rules (head sizes, layers per arch), before any stage starts
+                ModelConfig(arch=variant.arch, **fields)
+            except ValueError as exc:
+                raise ValueError(f"models.{name}: {exc}") from None
         return self
 
     @model_validator(mode="after")
@@ -412,11 +411,28 @@ def parse_params(raw: Any, origin: str = str(PARAMS_FILE)) -> Params:
         raise StageError(f"{origin}: {problems}") from None
 
 
-def load_params(path: Path = PARAMS_FILE) -> Params:
+def read_params_yaml(path: Path = PARAMS_FILE) -> Any:
+    """params.yaml as written (no defaults filled in): what `dvc exp run -S` overrides refer to."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise StageError(f"{path}: not found (run from the repository root)") from None
     except yaml.YAMLError as exc:
         raise StageError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    return parse_params(raw, str(path))
+
+
+def tracking_experiment(path: Path = PARAMS_FILE) -> str:
+    """The MLflow experiment params.yaml names, read without validating the other sections: a flow
+    opens its run before its stages report what is wrong with them."""
+    raw = read_params_yaml(path)
+    try:
+        return TrackingParams.model_validate(
+            (raw if isinstance(raw, dict) else {}).get("tracking") or {}
+        ).experiment
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e) for e in exc.errors(include_url=False))
+        raise StageError(f"{path}: tracking.{problems}") from None
+
+
+def load_params(path: Path = PARAMS_FILE) -> Params:
+    return parse_params(read_params_yaml(path), str(path))

@@ -7,14 +7,11 @@ marks everything as synthetic.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from stages.common import atomic_dir, log, run_main, write_json
+from stages.layout import SAMPLE
 from stages.params import load_params
 from stages.synthetic import corpus, glue_files
 from stages.tracking import stage_run
-
-OUT = Path("data/sample")
 
 
 def main() -> None:
@@ -27,7 +24,7 @@ def main() -> None:
         {"data.synthetic": True},
     ) as run:
         docs = corpus(params.seed, cfg.documents, cfg.lexicon_size, cfg.min_sentences, cfg.max_sentences)
-        with atomic_dir(OUT) as tmp:
+        with atomic_dir(SAMPLE) as tmp:
             (tmp / "corpus").mkdir()
             for part in range(cfg.files):
                 text = "\n\n".join(docs[part :: cfg.files]) + "\n"
@@ -50,7 +47,7 @@ def main() -> None:
                 },
             )
         run.log_metrics({"documents": len(docs), "characters": chars})
-        log.info("sample: %d synthetic documents, %.0f KB in %s", len(docs), chars / 1e3, OUT / "corpus")
+        log.info("sample: %d synthetic documents, %.0f KB in %s", len(docs), chars / 1e3, SAMPLE / "corpus")
 
 
 if __name__ == "__main__":

@@ -27,12 +27,11 @@ from stages.common import (
     run_main,
     write_json,
 )
+from stages.layout import CLEAN, CLEAN_METRICS, TOKENIZER
 from stages.params import TokenizerParams, load_params
 from stages.readers import split_long
 from stages.tracking import stage_run
 
-CLEAN = Path("data/clean")
-OUT = Path("data/tokenizer")
 BASE_SPECIALS = {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3}
 CONTROL_SYMBOLS = ["[CLS]", "[SEP]", "[MASK]"] + [f"<extra_id_{i}>" for i in range(100)]
 SPECIAL_IDS = {**BASE_SPECIALS, **{piece: 4 + i for i, piece in enumerate(CONTROL_SYMBOLS)}}
@@ -111,7 +110,7 @@ def main() -> None:
     params = load_params()
     cfg = params.tokenizer
     manifest = read_json(CLEAN / "manifest.json", "clean")
-    clean_metrics = read_json(Path("metrics/clean.json"), "clean")
+    clean_metrics = read_json(CLEAN_METRICS, "clean")
     with stage_run(
         "tokenizer",
         params.tracking.experiment,
@@ -126,7 +125,7 @@ def main() -> None:
         processor = spm.SentencePieceProcessor(model_proto=model)
         check_specials(processor)
         digest = hashlib.sha256(model).hexdigest()
-        with atomic_dir(OUT) as tmp:
+        with atomic_dir(TOKENIZER) as tmp:
             (tmp / "spm.model").write_bytes(model)
             vocab = "".join(
                 f"{processor.id_to_piece(i)}\t{processor.get_score(i):.4f}\n"

@@ -1,20 +1,27 @@
-"""MLflow conventions: one run per stage execution, with params, counts, duration and tags.
+"""MLflow conventions, all of them: the store, one run per stage execution with params, counts,
+duration and tags, the tags that link the runs of one pipeline, and the flows' parent runs.
 
 The store is `sqlite:///mlflow.db` in the repo unless `MLFLOW_TRACKING_URI` says otherwise; a
-pipeline or sweep that wants its stage runs grouped sets `LMPIPE_PARENT_RUN_ID`.
+pipeline or sweep that wants its stage runs grouped sets `LMPIPE_PARENT_RUN_ID`. A fine-tune's run is
+found by the digest of the weights it loaded (`weights_sha256` on the pretrain run) and `evaluate`
+finds each fine-tune run by the digest of its predictions (`predictions_sha256`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PARENT_RUN_ENV = "LMPIPE_PARENT_RUN_ID"
+WEIGHTS_TAG = "weights_sha256"
+PREDICTIONS_TAG = "predictions_sha256"
 _MLFLOW_BATCH = 100  # MLflow's per-request cap on params
 _MLFLOW_METRIC_BATCH = 1000  # and on metrics
 
@@ -29,6 +36,40 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[dotted] = value
     return flat
+
+
+def tracking_uri(repo_dir: Path | None = None) -> str:
+    """`MLFLOW_TRACKING_URI`, else the repo's SQLite store (absolute under `repo_dir` when given: the
+    stages of a flow may run in temporary copies of the workspace, `dvc exp run --temp`)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return (
+        DEFAULT_TRACKING_URI.replace("sqlite:///", f"sqlite:///{repo_dir}/")
+        if repo_dir
+        else DEFAULT_TRACKING_URI
+    )
+
+
+def child_env(parent_run_id: str, uri: str) -> dict[str, str]:
+    """What a flow puts in the environment of the stages it runs, so that their runs nest under its run."""
+    return {PARENT_RUN_ENV: parent_run_id, "MLFLOW_TRACKING_URI": uri}
+
+
+def run_tags(stage: str, tags: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The tags of a stage's run: the stage, the code's commit, the DVC experiment and the parent run
+    that group one pipeline execution, and the stage's own."""
+    found = {"stage": stage, "git_commit": git_commit(), **(tags or {})}
+    if os.environ.get("DVC_EXP_NAME"):
+        found["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
+    if os.environ.get(PARENT_RUN_ENV):
+        found["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
+    return {k: str(v) for k, v in found.items()}
+
+
+def finetune_run_key(model: str, task: str, init: str, seed: int) -> dict[str, str]:
+    """The tags naming one seed's fine-tune run; `finetune` sets them and `evaluate` searches by them."""
+    return {"stage": "finetune", "model": model, "task": task, "init": init, "seed": str(seed)}
 
 
 def git_commit() -> str:
@@ -84,14 +125,9 @@ def stage_run(
 ) -> Iterator[StageRun]:
     import mlflow  # slow to import; only stages that run pay for it
 
-    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+    mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_experiment(experiment)
-    run_tags = {"stage": stage, "git_commit": git_commit(), **(tags or {})}
-    if os.environ.get("DVC_EXP_NAME"):
-        run_tags["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
-    if os.environ.get(PARENT_RUN_ENV):
-        run_tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
-    with mlflow.start_run(run_name=run_name or stage, tags={k: str(v) for k, v in run_tags.items()}) as run:
+    with mlflow.start_run(run_name=run_name or stage, tags=run_tags(stage, tags)) as run:
         flat = [(k, "" if v is None else str(v)) for k, v in flatten(params).items()]
         for i in range(0, len(flat), _MLFLOW_BATCH):
             mlflow.log_params(dict(flat[i : i + _MLFLOW_BATCH]))
@@ -103,7 +139,28 @@ def stage_run(
 def _client() -> Any:
     import mlflow
 
-    return mlflow.MlflowClient(os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+    return mlflow.MlflowClient(tracking_uri())
+
+
+def lightning_logger(
+    experiment: str, name: str, run_file: Path, resuming: bool, tags: Mapping[str, Any]
+) -> Any:
+    """Lightning's MLflow logger for `pretrain@<name>`, with the stage runs' tags; a resumed run goes on
+    logging into the run it started (its id kept in `run_file`)."""
+    from lightning.pytorch.loggers import MLFlowLogger
+    from lightning.pytorch.utilities import rank_zero_only
+
+    run_id = run_file.read_text().strip() if resuming and run_file.exists() else None
+    logger = MLFlowLogger(
+        experiment_name=experiment,
+        run_name=f"pretrain@{name}",
+        tracking_uri=tracking_uri(),
+        tags=None if run_id else run_tags("pretrain", tags),
+        run_id=run_id,
+    )
+    if rank_zero_only.rank == 0:  # only rank 0 has a run (DDP/FSDP start one process per device)
+        run_file.write_text(logger.run_id)
+    return logger
 
 
 def find_run(experiment: str, tags: Mapping[str, str]) -> str | None:
@@ -125,3 +182,31 @@ def log_to_run(run_id: str, metrics: Mapping[str, float]) -> None:
 
     now = int(time.time() * 1000)
     _client().log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+
+
+class FlowTracking:
+    """A flow's MLflow runs: a parent, and children of it (the ablation's points)."""
+
+    def __init__(self, repo_dir: Path, experiment: str) -> None:
+        import mlflow
+
+        self.uri = tracking_uri(repo_dir)
+        self.client = mlflow.MlflowClient(self.uri)
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+
+    def start(self, name: str, tags: Mapping[str, Any], parent: str | None = None) -> str:
+        tags = {k: str(v) for k, v in tags.items()}
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+
+    def log(self, run_id: str, metrics: Mapping[str, float], params: Mapping[str, Any] | None = None) -> None:
+        from mlflow.entities import Metric, Param
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if not math.isnan(float(v))],
+            params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
+        )

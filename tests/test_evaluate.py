@@ -14,8 +14,8 @@ import scipy.stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from stages.common import StageError
-from stages.finetune import predictions_sha256
 from stages.glue import TASKS, read_tsv
+from stages.layout import predictions_sha256
 from tests.conftest import Workdir
 
 MODELS = {

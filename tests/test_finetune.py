@@ -7,12 +7,20 @@ import pytest
 import torch
 
 from models.config import ModelConfig
-from models.finetune import FinetuneConfig, NonFiniteLoss, epoch_batches, finetune, predict, warmup_linear
+from models.finetune import FinetuneConfig, epoch_batches, finetune, predict, warmup_linear
 from models.finetune_data import encode_pair
 from models.heads import SequenceHead
+from models.objectives import NonFiniteLoss
 from models.transformer import Transformer
+from stages.finetune import finetune_config
+from stages.params import FinetuneCommonParams, FinetuneTaskParams
 
 CFG = ModelConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
+
+
+def recipe(seed: int = 1, precision: str = "32-true", **task: float) -> FinetuneConfig:
+    """The fine-tuning config of params.yaml's defaults with these task settings."""
+    return finetune_config(FinetuneTaskParams(**task), FinetuneCommonParams(precision=precision), seed)
 
 
 def head(arch: str, num_labels: int, seed: int = 0) -> SequenceHead:
@@ -66,7 +74,7 @@ def test_every_architecture_learns_a_keyword_task(arch: str) -> None:
     train_ids, train_labels = keyword_task(512, seed=0)
     dev_ids, dev_labels = keyword_task(200, seed=1)
     model = head(arch, 2)
-    cfg = FinetuneConfig(lr=3e-3, epochs=4, batch_size=32, warmup_ratio=0.1, seed=3)
+    cfg = recipe(lr=3e-3, epochs=4, batch_size=32, warmup_ratio=0.1, seed=3)
     losses = finetune(model, train_ids, train_labels, cfg)
     assert len(losses) == cfg.total_steps(512) == 64
     predictions, loss = predict(model, dev_ids, dev_labels, batch_size=64, precision="32-true")
@@ -78,7 +86,7 @@ def test_every_architecture_learns_a_keyword_task(arch: str) -> None:
 
 def test_same_seed_same_model_bit_for_bit() -> None:
     ids, labels = keyword_task(96, seed=0)
-    cfg = FinetuneConfig(lr=1e-3, epochs=2, batch_size=16, seed=7)
+    cfg = recipe(lr=1e-3, epochs=2, batch_size=16, seed=7)
     runs = []
     for _ in range(2):
         model = head("encoder", 2)
@@ -88,9 +96,7 @@ def test_same_seed_same_model_bit_for_bit() -> None:
     for key, value in runs[0][1].items():
         assert torch.equal(value, runs[1][1][key]), key
     other = head("encoder", 2)
-    assert (
-        finetune(other, ids, labels, FinetuneConfig(lr=1e-3, epochs=2, batch_size=16, seed=8)) != runs[0][0]
-    )
+    assert finetune(other, ids, labels, recipe(lr=1e-3, epochs=2, batch_size=16, seed=8)) != runs[0][0]
 
 
 def test_predictions_come_back_in_input_order() -> None:
@@ -110,9 +116,7 @@ def test_regression_trains_on_float_labels_and_bf16_runs_on_the_cpu() -> None:
     ids, labels = keyword_task(64, seed=5)
     targets = labels * 4.0 + 0.5  # STS-B-like scores in [0, 5]
     model = head("encoder_decoder", 1)
-    losses = finetune(
-        model, ids, targets, FinetuneConfig(lr=1e-3, epochs=1, batch_size=16, precision="bf16-mixed")
-    )
+    losses = finetune(model, ids, targets, recipe(lr=1e-3, epochs=1, batch_size=16, precision="bf16-mixed"))
     assert len(losses) == 4 and all(np.isfinite(losses))
     predictions, _ = predict(model, ids, targets, 16, "bf16-mixed")
     assert predictions.shape == (64,) and np.isfinite(predictions).all()
@@ -122,4 +126,4 @@ def test_a_diverging_loss_stops_with_the_step() -> None:
     ids, labels = keyword_task(64, seed=6)
     targets = np.full(64, 1e30)  # squared error overflows float32
     with pytest.raises(NonFiniteLoss, match="loss became inf at step 0"):
-        finetune(head("encoder", 1), ids, targets, FinetuneConfig(epochs=1, batch_size=16))
+        finetune(head("encoder", 1), ids, targets, recipe(epochs=1, batch_size=16))

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from stages.common import StageError, sha256_file
-from stages.finetune import predictions_sha256
+from stages.layout import predictions_sha256
 from tests.conftest import DEFAULT_PARAMS, Workdir
 from tests.pipeline_helpers import run_stages
 

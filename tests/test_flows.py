@@ -24,7 +24,7 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.ablation import PRESETS, ablation, baseline_index, expand, point_overrides
 from flows.pipeline import PipelineError, StageFailed, pipeline, read_graph, select
 from tests.conftest import DEFAULT_PARAMS, ROOT
-from tests.flow_helpers import sh, tiny_project
+from tests.project import sh, tiny_project
 
 ALL_STAGES = {
     "sample",

@@ -4,54 +4,31 @@ report and a no-op second run (ablations through DVC experiments: tests/test_flo
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
-import yaml
 from sklearn.metrics import accuracy_score
 
-from tests.conftest import ROOT
-
-PROJECT_FILES = ["dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config"]
+from tests.project import make_project, sh, stages_run
 
 
-def sh(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{cwd / 'mlflow.db'}"
-    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+def dvc(cwd: Path, *args: str) -> str:
+    result = sh(cwd, "dvc", *args, MLFLOW_TRACKING_URI=None)  # the project default: mlflow.db in the repo
     return result.stdout + result.stderr
 
 
-def stages_run(output: str) -> list[str]:
-    return re.findall(r"Running stage '([^']+)'", output)
-
-
 def test_real_rte_end_to_end_through_dvc_repro(tmp_path: Path, glue_dir: Path) -> None:
-    repo = tmp_path / "repo"
-    for name in PROJECT_FILES:
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / name, repo / name)
-    for package in ("stages", "models"):
-        shutil.copytree(ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["models"] = {"encoder_mlm": {"arch": "encoder", "objective": "mlm", "preset": "tiny"}}
-    params["sample"]["documents"] = 300  # the corpus is only there to pretrain on
-    params["pretrain"].update(max_steps=10, warmup_steps=2, val_every=10, checkpoint_every=10)
-    params["glue"] = {"source": "tsv", "path": str(glue_dir), "tasks": ["rte"], "synthetic": False}
-    params["finetune"]["seeds"] = [1]
-    params["finetune"]["tasks"]["rte"].update(max_train_rows=128, epochs=1)
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    sh(repo, "git", "init", "-q", "-b", "main")
-    sh(repo, "git", "add", "-A")
-    sh(repo, "git", "commit", "-qm", "rte")
+    def real_rte(params: dict) -> None:
+        params["models"] = {"encoder_mlm": {"arch": "encoder", "objective": "mlm", "preset": "tiny"}}
+        params["sample"]["documents"] = 300  # the corpus is only there to pretrain on
+        params["pretrain"].update(max_steps=10, warmup_steps=2, val_every=10, checkpoint_every=10)
+        params["glue"] = {"source": "tsv", "path": str(glue_dir), "tasks": ["rte"], "synthetic": False}
+        params["finetune"]["seeds"] = [1]
+        params["finetune"]["tasks"]["rte"].update(max_train_rows=128, epochs=1)
 
-    first = stages_run(sh(repo, "dvc", "repro"))
+    repo = make_project(tmp_path / "repo", real_rte)
+
+    first = stages_run(dvc(repo, "repro"))
     assert (
         first[-4:]
         == [
@@ -73,7 +50,7 @@ def test_real_rte_end_to_end_through_dvc_repro(tmp_path: Path, glue_dir: Path) -
         assert glue["encoder_mlm"][init]["average"] == glue["encoder_mlm"][init]["rte"]
     report = (repo / "reports/glue.md").read_text()
     assert "Synthetic" not in report and "| Model | Init | RTE Acc | Average |" in report
-    shown = sh(repo, "dvc", "metrics", "show", "--json")
+    shown = dvc(repo, "metrics", "show", "--json")
     assert "encoder_mlm" in json.loads(shown)[""]["data"]["metrics/glue.json"]["data"]
 
-    assert stages_run(sh(repo, "dvc", "repro")) == []
+    assert stages_run(dvc(repo, "repro")) == []

@@ -16,12 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 
 from models.transformer import load_pretrained
+from stages.params import ObjectivesParams, PretrainParams
+from stages.pretrain import train_config
 from tests.conftest import ROOT, Workdir
 from tests.pipeline_helpers import run_stages
+from tests.project import make_project
 
 MODELS = {
     "encoder_mlm": {"arch": "encoder", "objective": "mlm", "preset": "tiny"},
@@ -41,7 +43,7 @@ def unigram_entropy(tokens: np.ndarray) -> float:
 BUDGET = {"encoder_mlm": (320, 32), "decoder_clm": (100, 16), "encdec_span": (80, 16)}
 
 
-@pytest.mark.slow  # `make test` runs it; CI leaves the slow tier out (20-minute budget)
+@pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 @pytest.mark.parametrize("name", list(MODELS))
 def test_each_objective_learns_real_text(real_pipeline: Workdir, name: str) -> None:
     steps, batch = BUDGET[name]
@@ -61,19 +63,13 @@ def test_each_objective_learns_real_text(real_pipeline: Workdir, name: str) -> N
 
 
 def dvc_repo(tmp: Path, pretrain: dict) -> Path:
-    """A git + DVC repo of the project with the sample profile, one tiny CLM model and `pretrain` settings."""
-    for name in ["dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config"]:
-        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / name, tmp / name)
-    for package in ("stages", "models"):
-        shutil.copytree(ROOT / package, tmp / package, ignore=shutil.ignore_patterns("__pycache__"))
-    params = yaml.safe_load((tmp / "params.yaml").read_text())
-    params["models"] = {"decoder_clm": MODELS["decoder_clm"]}
-    params["pretrain"].update(pretrain)
-    (tmp / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "repo"]):
-        subprocess.run(["git", *args], cwd=tmp, check=True)
-    return tmp
+    """The project with the sample profile, one tiny CLM model and `pretrain` settings."""
+
+    def one_decoder(params: dict) -> None:
+        params["models"] = {"decoder_clm": MODELS["decoder_clm"]}
+        params["pretrain"].update(pretrain)
+
+    return make_project(tmp, one_decoder)
 
 
 def dvc_env(tmp: Path) -> dict[str, str]:
@@ -91,7 +87,7 @@ def logged_losses(tmp: Path) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in history)
 
 
-@pytest.mark.slow  # `make test` runs it; CI leaves the slow tier out (20-minute budget)
+@pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_sigkilled_run_resumes_to_identical_weights(tmp_path: Path) -> None:
     settings = {"max_steps": 40, "checkpoint_every": 20, "val_every": 20, "log_every": 1, "warmup_steps": 5}
     straight = dvc_repo(tmp_path / "straight", settings)
@@ -189,8 +185,8 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pip
         result = sample_pipeline.run("pretrain", "decoder_clm")
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: pretrain@decoder_clm: loss became nan at step ") or last.startswith(
-        "error: pretrain@decoder_clm: loss became inf at step "
+    assert last.startswith("error: pretrain@decoder_clm: the loss became nan at step ") or last.startswith(
+        "error: pretrain@decoder_clm: the loss became inf at step "
     ), last
     assert "the last good checkpoint in checkpoints/decoder_clm/resume is kept" in last
     assert "Traceback" not in result.stderr
@@ -201,7 +197,7 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pip
     assert all(math.isfinite(entry["train_loss"]) for entry in saved["loss_history"])
 
 
-@pytest.mark.slow  # `make test` runs it; CI leaves the slow tier out (20-minute budget)
+@pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_ddp_on_two_cpu_processes_with_bf16(sample_pipeline: Workdir) -> None:
     """The GPU settings on the CPU: two DDP processes (gloo), bf16 autocast; one export, one MLflow run."""
     sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
@@ -227,11 +223,12 @@ def test_ddp_on_two_cpu_processes_with_bf16(sample_pipeline: Workdir) -> None:
 
 @pytest.mark.parametrize("sampling", ["random", "epoch"])
 def test_batches_are_a_function_of_the_step(tmp_path: Path, sampling: str) -> None:
-    from models.lightning import PackedBatches, TrainConfig
+    from models.lightning import PackedBatches
 
     tokens = np.arange(107, 107 + 64 * 9, dtype=np.uint16)  # 64 rows of 9 tokens (CLM, seq_len 8)
     tokens.tofile(tmp_path / "train.bin")
-    cfg = TrainConfig(objective="clm", seq_len=8, batch_size=4, sampling=sampling, seed=5)
+    run = PretrainParams(seq_len=8, batch_size=4, sampling=sampling)
+    cfg = train_config("clm", run, ObjectivesParams(), seed=5)
     whole = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, start=0, stop=32))
     resumed = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, start=20, stop=32))
     for a, b in zip(whole[20:], resumed, strict=True):
@@ -257,7 +254,7 @@ def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdi
     )
 
 
-@pytest.mark.slow  # `make test` runs it; CI leaves the slow tier out (20-minute budget)
+@pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
     sample_pipeline.set("models", {"encoder_mlm": MODELS["encoder_mlm"]})
     with sample_pipeline.changed(

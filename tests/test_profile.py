@@ -16,7 +16,7 @@ import yaml
 from flows import profile
 from flows.pipeline import PipelineError
 from tests.conftest import ROOT
-from tests.flow_helpers import sh, tiny_project
+from tests.project import sh, tiny_project
 
 # the profile at CI size: one tiny encoder, two real tasks cut down, two seeds, a small vocabulary
 CI_SIZE = [

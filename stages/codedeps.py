@@ -1,0 +1,135 @@
+"""The code of a stage: the project modules in the import closure of the module its `cmd` runs.
+
+dvc.yaml declares exactly these files as each stage's code deps, so that a change to any module a
+stage runs makes that stage stale and a change to anything else (tests, docs, other stages' modules)
+does not. `python -m stages.codedeps` lists where dvc.yaml and the closure disagree (the test suite
+fails on any disagreement), `--write` puts the closure into dvc.yaml, and pretrain's resume
+fingerprint hashes the same files.
+
+Every import counts, also one inside a function (it runs when the stage does); an imported package
+brings its `__init__.py` once that has any content (an empty one runs nothing). Modules outside the
+project's packages are the environment's business.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("stages", "models")
+_COMMAND = re.compile(r"\bpython -m ([\w.]+)")
+
+
+def module_path(module: str) -> Path | None:
+    """The file (relative to the project root) that `import module` executes, if it is the project's."""
+    parts = module.split(".")
+    if parts[0] not in PACKAGES:
+        return None
+    base = Path(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if (ROOT / candidate).is_file():
+            return candidate
+    return None
+
+
+def imports(path: Path) -> set[str]:
+    """Every module the file at `path` (relative to the root) may import, wherever the import stands."""
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"), str(path))
+    package = ".".join(path.parent.parts)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the file's package upwards
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from models import heads`
+    return found
+
+
+@cache
+def code_files(module: str) -> tuple[str, ...]:
+    """The project files `python -m module` executes, sorted, as paths relative to the root."""
+    if module_path(module) is None:
+        raise ValueError(f"{module}: not a module of the project's packages ({', '.join(PACKAGES)})")
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):  # a module's packages run first
+            path = module_path(".".join(parts[:depth]))
+            if path is not None and path not in seen and (ROOT / path).read_text(encoding="utf-8").strip():
+                seen.add(path)
+                todo.extend(imports(path))
+    return tuple(sorted(p.as_posix() for p in seen))
+
+
+def stage_modules(dvc: dict) -> dict[str, str]:
+    """Stage (as written in dvc.yaml, before foreach/matrix expansion) -> the module its cmd runs."""
+    modules = {}
+    for stage, body in dvc.get("stages", {}).items():
+        cmd = (body.get("do") or body)["cmd"]
+        match = _COMMAND.search(cmd if isinstance(cmd, str) else " ".join(cmd))
+        if match and module_path(match.group(1)):
+            modules[stage] = match.group(1)
+    return modules
+
+
+def disagreements(dvc_file: Path = ROOT / "dvc.yaml") -> list[str]:
+    """One line per code dep that dvc.yaml lacks or lists wrongly; empty when they agree."""
+    dvc = yaml.safe_load(dvc_file.read_text(encoding="utf-8"))
+    problems = []
+    for stage, module in stage_modules(dvc).items():
+        body = dvc["stages"][stage]
+        declared = {d for d in (body.get("do") or body).get("deps", []) if d.split("/")[0] in PACKAGES}
+        expected = set(code_files(module))
+        for path in sorted(expected - declared):
+            problems.append(f"{dvc_file.name}: stages.{stage}.deps: missing {path} ({module} imports it)")
+        for path in sorted(declared - expected):
+            problems.append(f"{dvc_file.name}: stages.{stage}.deps: {path} is not imported by {module}")
+    return problems
+
+
+def write(dvc_file: Path = ROOT / "dvc.yaml") -> None:
+    """Replace each stage's code deps in dvc.yaml by its closure, first in the list, the rest untouched."""
+    modules = stage_modules(yaml.safe_load(dvc_file.read_text(encoding="utf-8")))
+    out: list[str] = []
+    stage, in_deps = None, False
+    for line in dvc_file.read_text(encoding="utf-8").splitlines(keepends=True):
+        stripped = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        if len(indent) == 2 and stripped.endswith(":"):
+            stage = stripped[:-1]
+        if in_deps and stripped.startswith("- ") and stripped[2:].split("/")[0] in PACKAGES:
+            continue
+        in_deps = in_deps and stripped.startswith("- ")
+        out.append(line)
+        if stripped == "deps:" and stage in modules:
+            out.extend(f"{indent}  - {path}\n" for path in code_files(modules[stage]))
+            in_deps = True
+    dvc_file.write_text("".join(out), encoding="utf-8")
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--write"]:
+        write()
+    problems = disagreements()
+    for line in problems:
+        print(line, file=sys.stderr)
+    if problems:
+        sys.exit(1)
+    print(f"dvc.yaml: the code deps of every stage are its import closure ({', '.join(PACKAGES)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Where the stages' outputs live, named once: the stages write and read them here, dvc.yaml declares the
+same paths (tests/test_codedeps.py checks that it does), and the flows read the reports from here."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+SAMPLE = Path("data/sample")
+RAW = Path("data/raw")
+INGEST_METRICS = Path("metrics/ingest.json")
+CLEAN = Path("data/clean")
+CLEAN_METRICS = Path("metrics/clean.json")
+TOKENIZER = Path("data/tokenizer")
+TOKENS = Path("data/tokens")
+GLUE = Path("data/glue")
+FINETUNE = Path("data/finetune")
+PREDICTIONS = Path("data/evaluate/predictions.parquet")
+GLUE_METRICS = Path("metrics/glue.json")
+GLUE_REPORT = Path("reports/glue.md")
+GLUE_TABLE = Path("reports/glue.csv")
+GLUE_CHART = Path("reports/glue.png")
+GLUE_PLOT = Path("plots/glue.csv")
+CHECKPOINTS = Path("checkpoints")
+
+
+def final_checkpoint(model: str) -> Path:
+    """The exported weights and config that fine-tuning loads (a DVC output)."""
+    return CHECKPOINTS / model / "final"
+
+
+def resume_checkpoints(model: str) -> Path:
+    """Lightning checkpoints kept between runs, deliberately not a DVC output (see dvc.yaml)."""
+    return CHECKPOINTS / model / "resume"
+
+
+def pretrain_metrics(model: str) -> Path:
+    return Path("metrics/pretrain") / f"{model}.json"
+
+
+def pretrain_curve(model: str) -> Path:
+    return Path("plots/pretrain") / f"{model}.csv"
+
+
+def finetune_dir(model: str, task: str, init: str) -> Path:
+    return FINETUNE / model / task / init
+
+
+def finetune_stage(model: str, task: str, init: str) -> str:
+    """The name DVC gives the stage that writes `finetune_dir(model, task, init)`."""
+    return f"finetune{'_scratch' if init == 'scratch' else ''}@{model}-{task}"
+
+
+def predictions_sha256(seed_dir: Path) -> str:
+    """The digest of one seed's prediction files: it tags the seed's MLflow run, so that `evaluate` finds
+    the run of exactly these predictions while the stage's outputs stay free of run ids."""
+    digest = hashlib.sha256()
+    for path in sorted(seed_dir.glob("*.parquet")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()

@@ -1,0 +1,73 @@
+"""The one temporary copy of the project for tests that run real DVC: dvc.yaml, params.yaml and the code
+packages in a fresh git repo, and how to run commands in it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stages.codedeps import PACKAGES
+from tests.conftest import ROOT
+
+PROJECT_FILES = ["dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config", "pyproject.toml"]
+
+
+def make_project(path: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """A git repo at `path` holding the project's pipeline; `edit` changes its params.yaml in place
+    before the first commit."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, path / name)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    if edit is not None:
+        params = yaml.safe_load((path / "params.yaml").read_text())
+        edit(params)
+        (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "project"]):
+        subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
+    return path
+
+
+def tiny(params: dict[str, Any]) -> None:
+    """The whole graph on one tiny encoder, one synthetic task and one seed: about a minute."""
+    params["sample"]["documents"] = 300
+    params["clean"]["workers"] = 1
+    params["models"] = {"encoder_mlm": params["models"]["encoder_mlm"]}
+    params["pretrain"].update(max_steps=10, warmup_steps=2, val_every=10, checkpoint_every=10)
+    params["glue"]["tasks"] = ["stsb"]
+    params["finetune"]["seeds"] = [1]
+    params["finetune"]["tasks"]["stsb"].update(max_train_rows=64, epochs=1)
+
+
+def tiny_project(path: Path) -> Path:
+    return make_project(path, tiny)
+
+
+def sh(cwd: Path, *args: str, check: bool = True, **env: str | None) -> subprocess.CompletedProcess[str]:
+    """A command in `cwd` with this venv's tools first on PATH; `env` adds variables (None removes one,
+    e.g. MLFLOW_TRACKING_URI=None for the project's default store in the repo)."""
+    full_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    full_env["PYTHONPATH"] = str(ROOT)  # the flows' modules; `python -m stages.*` finds the copy first
+    for key, value in env.items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
+    result = subprocess.run(args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=900)
+    if check:
+        assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def stages_run(output: str) -> list[str]:
+    return re.findall(r"Running stage '([^']+)'", output)

@@ -1,0 +1,146 @@
+"""dvc.yaml's code deps are the import closure of each stage's module, in both directions, and DVC
+therefore re-runs exactly the stages a code change affects; the output paths dvc.yaml declares are
+the ones stages.layout names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stages import layout
+from stages.codedeps import ROOT, code_files, disagreements, write
+from tests.project import sh, stages_run, tiny_project
+
+DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+
+
+def test_dvc_yaml_declares_exactly_the_import_closure_of_every_stage() -> None:
+    assert disagreements() == []
+
+
+def test_the_closure_follows_every_import_and_nothing_else() -> None:
+    finetune = code_files("stages.finetune")
+    assert "models/heads.py" in finetune  # imported inside main(): it runs when the stage does
+    assert {"stages/common.py", "models/transformer.py"} <= set(finetune)
+    assert "models/lightning.py" not in finetune
+    pretrain = code_files("stages.pretrain")
+    assert "models/lightning.py" in pretrain and "models/heads.py" not in pretrain
+    assert not any(path.startswith(("tests/", "flows/")) for path in code_files("stages.evaluate"))
+    with pytest.raises(ValueError, match="not a module of the project"):
+        code_files("numpy")
+
+
+@pytest.mark.parametrize(
+    ("stage", "remove", "add", "expected"),
+    [
+        ("tokenizer", "stages/readers.py", None, "stages.tokenizer.deps: missing stages/readers.py"),
+        ("evaluate", None, "stages/finetune.py", "stages.evaluate.deps: stages/finetune.py is not imported"),
+        ("pretrain", "models/lightning.py", None, "stages.pretrain.deps: missing models/lightning.py"),
+    ],
+)
+def test_a_missing_or_extra_code_dep_is_reported(
+    tmp_path: Path, stage: str, remove: str | None, add: str | None, expected: str
+) -> None:
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    body = dvc["stages"][stage].get("do") or dvc["stages"][stage]
+    body["deps"] = [d for d in body["deps"] if d != remove] + ([add] if add else [])
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False))
+    problems = disagreements(tmp_path / "dvc.yaml")
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_write_puts_the_closure_back_and_keeps_the_rest(tmp_path: Path) -> None:
+    text = (ROOT / "dvc.yaml").read_text()
+    evaluate_deps = "      - data/glue\n      - data/finetune\n"
+    broken = text.replace("      - stages/readers.py\n", "", 1).replace(
+        evaluate_deps, evaluate_deps + "      - models/heads.py\n"
+    )
+    assert broken != text
+    (tmp_path / "dvc.yaml").write_text(broken)
+    write(tmp_path / "dvc.yaml")
+    assert (tmp_path / "dvc.yaml").read_text() == text
+
+
+def test_dvc_yaml_declares_the_outputs_that_stages_layout_names() -> None:
+    def declared(stage: str, kind: str) -> list[str]:
+        body = DVC_YAML["stages"][stage].get("do") or DVC_YAML["stages"][stage]
+        return [next(iter(o)) if isinstance(o, dict) else o for o in body.get(kind, [])]
+
+    model, task = "${key}", "${item.task}"
+    assert declared("sample", "outs") == [str(layout.SAMPLE)]
+    assert declared("ingest", "outs") == [str(layout.RAW)]
+    assert declared("ingest", "metrics") == [str(layout.INGEST_METRICS)]
+    assert declared("clean", "outs") == [str(layout.CLEAN)]
+    assert declared("clean", "metrics") == [str(layout.CLEAN_METRICS)]
+    assert declared("tokenizer", "outs") == [str(layout.TOKENIZER)]
+    assert declared("pack", "outs") == [str(layout.TOKENS)]
+    assert declared("glue_prepare", "outs") == [str(layout.GLUE)]
+    assert declared("pretrain", "outs") == [str(layout.final_checkpoint(model))]
+    assert declared("pretrain", "metrics") == [str(layout.pretrain_metrics(model))]
+    assert declared("pretrain", "plots") == [str(layout.pretrain_curve(model))]
+    for init, stage in (("pretrained", "finetune"), ("scratch", "finetune_scratch")):
+        assert declared(stage, "outs") == [str(layout.finetune_dir("${item.model}", task, init))]
+        assert layout.finetune_stage("m", "t", init) == f"{stage}@m-t"
+    reports = [layout.GLUE_REPORT, layout.GLUE_TABLE, layout.GLUE_CHART]
+    assert declared("evaluate", "outs") == [str(layout.PREDICTIONS.parent), *map(str, reports)]
+    assert declared("evaluate", "metrics") == [str(layout.GLUE_METRICS)]
+    assert declared("evaluate", "plots") == [str(layout.GLUE_PLOT)]
+
+
+def stale_stages(project: Path) -> set[str]:
+    """The stages `dvc status` reports with a modified dependency (outputs are all in place)."""
+    status = json.loads(sh(project, "dvc", "status", "--json").stdout or "{}")
+    return {
+        stage.split(":")[-1]
+        for stage, changes in status.items()
+        for change in changes
+        if isinstance(change, dict) and "modified" in change.get("changed deps", {}).values()
+    }
+
+
+@pytest.fixture(scope="module")
+def reproduced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CI-sized graph, reproduced once, with the README and a test file beside the code."""
+    project = tiny_project(tmp_path_factory.mktemp("codedeps") / "project")
+    shutil.copy(ROOT / "README.md", project / "README.md")
+    (project / "tests").mkdir()
+    shutil.copy(Path(__file__), project / "tests" / Path(__file__).name)
+    sh(project, "git", "add", "-A")
+    sh(project, "git", "commit", "-qm", "docs and tests")
+    ran = stages_run(sh(project, "dvc", "repro").stdout)
+    assert "evaluate" in ran
+    assert stale_stages(project) == set()
+    return project
+
+
+@pytest.mark.parametrize(
+    ("touched", "expected"),
+    [
+        ("stages/common.py", "every stage"),
+        ("models/heads.py", {"finetune@encoder_mlm-stsb", "finetune_scratch@encoder_mlm-stsb"}),
+        ("models/lightning.py", {"pretrain@encoder_mlm"}),
+        ("stages/significance.py", {"evaluate"}),
+        ("README.md", set()),
+        ("tests/test_codedeps.py", set()),
+    ],
+)
+def test_a_code_change_makes_exactly_its_importers_stale(
+    reproduced: Path, touched: str, expected: set[str] | str
+) -> None:
+    path = reproduced / touched
+    original = path.read_text()
+    path.write_text(original + "\n# changed\n")
+    try:
+        stale = stale_stages(reproduced)
+    finally:
+        path.write_text(original)
+    if expected == "every stage":
+        graph = sh(reproduced, "dvc", "stage", "list", "--name-only").stdout.split()
+        expected = set(graph)
+        assert len(expected) == 10
+    assert stale == expected
+    assert stale_stages(reproduced) == set()

@@ -52,15 +52,12 @@ def cli(body: Callable[[], str]) -> int:
     exit code 2, failed work one line and exit code 1."""
     try:
         print(body())
-    except PipelineError as exc:
+    except (PipelineError, StageError) as exc:  # StageError: params.yaml itself is wrong
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except FlowFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except StageError as exc:  # params.yaml itself is wrong
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     return 0
 
 

@@ -13,6 +13,7 @@ project's packages are the environment's business.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 import sys
@@ -38,9 +39,10 @@ def module_path(module: str) -> Path | None:
     return None
 
 
-def imports(path: Path) -> set[str]:
-    """Every module the file at `path` (relative to the root) may import, wherever the import stands."""
-    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"), str(path))
+def imports(path: Path, source: str) -> set[str]:
+    """Every module `source`, the file at `path` (relative to the root), may import, wherever the
+    import stands."""
+    tree = ast.parse(source, str(path))
     package = ".".join(path.parent.parts)
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -61,17 +63,18 @@ def code_files(module: str) -> tuple[str, ...]:
     """The project files `python -m module` executes, sorted, as paths relative to the root."""
     if module_path(module) is None:
         raise ValueError(f"{module}: not a module of the project's packages ({', '.join(PACKAGES)})")
-    seen: set[Path] = set()
+    sources: dict[Path, str] = {}
     todo = [module]
     while todo:
         name = todo.pop()
         parts = name.split(".")
         for depth in range(1, len(parts) + 1):  # a module's packages run first
             path = module_path(".".join(parts[:depth]))
-            if path is not None and path not in seen and (ROOT / path).read_text(encoding="utf-8").strip():
-                seen.add(path)
-                todo.extend(imports(path))
-    return tuple(sorted(p.as_posix() for p in seen))
+            if path is not None and path not in sources:
+                sources[path] = (ROOT / path).read_text(encoding="utf-8")
+                todo.extend(imports(path, sources[path]))
+    # an empty __init__.py runs nothing: it joins the closure once it has content
+    return tuple(sorted(path.as_posix() for path, source in sources.items() if source.strip()))
 
 
 def stage_modules(dvc: dict) -> dict[str, str]:
@@ -120,8 +123,10 @@ def write(dvc_file: Path = ROOT / "dvc.yaml") -> None:
     dvc_file.write_text("".join(out), encoding="utf-8")
 
 
-def main() -> None:
-    if sys.argv[1:] == ["--write"]:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stages.codedeps", description=__doc__.split("\n")[0])
+    parser.add_argument("--write", action="store_true", help="put each stage's closure into dvc.yaml")
+    if parser.parse_args(argv).write:
         write()
     problems = disagreements()
     for line in problems:

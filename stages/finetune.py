@@ -71,15 +71,13 @@ def backbone(params: Params, name: str, init: str, vocab_size: int, seed: int) -
     """The pretrained model, or a randomly initialised one of the same configuration."""
     import torch
 
-    from models.config import ModelConfig
     from models.objectives import derived_seed
     from models.transformer import Transformer, load_pretrained
 
     torch.manual_seed(derived_seed(seed, 0))  # the head's (and a scratch model's) initialisation
     if init == "pretrained":
         return load_pretrained(final_checkpoint(name))[0]
-    variant = params.models[name]
-    return Transformer(ModelConfig(arch=variant.arch, vocab_size=vocab_size, **variant.config_fields()))
+    return Transformer(params.models[name].config(vocab_size))
 
 
 def check_tokenizer(name: str, tokenizer_sha: str) -> None:
@@ -186,8 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     from models.objectives import NonFiniteLoss
 
     # tracking: one run per seed, linked to the pretrain run of the weights it starts from
-    tags = {"arch": variant.arch, "objective": variant.objective, "tokenizer_sha256": tok["sha256"]}
-    tags["data.synthetic"] = params.glue.synthetic
+    tags = {
+        "arch": variant.arch,
+        "objective": variant.objective,
+        "tokenizer_sha256": tok["sha256"],
+        "data.synthetic": params.glue.synthetic,
+    }
     weights_sha = None
     if init == "pretrained":
         weights_sha = sha256_file(final_checkpoint(name) / "model.safetensors")

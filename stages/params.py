@@ -196,6 +196,10 @@ class ModelParams(Strict):
         overrides = self.model_dump(exclude={"arch", "objective", "preset"}, exclude_none=True)
         return {**PRESETS[self.preset], **overrides}
 
+    def config(self, vocab_size: int = ModelConfig.vocab_size) -> ModelConfig:
+        """The model code's config of this variant (its own rules checked: a ValueError says which)."""
+        return ModelConfig(arch=self.arch, vocab_size=vocab_size, **self.config_fields())
+
 
 class MLMParams(Strict):
     mask_rate: float = Field(0.15, gt=0.0, lt=1.0)
@@ -367,7 +371,7 @@ class Params(Strict):
                     f"pretrain.seq_len ({self.pretrain.seq_len})"
                 )
             try:  # the model's own rules (head sizes, layers per arch), before any stage starts
-                ModelConfig(arch=variant.arch, **fields)
+                variant.config()
             except ValueError as exc:
                 raise ValueError(f"models.{name}: {exc}") from None
         return self
@@ -425,10 +429,9 @@ def tracking_experiment(path: Path = PARAMS_FILE) -> str:
     """The MLflow experiment params.yaml names, read without validating the other sections: a flow
     opens its run before its stages report what is wrong with them."""
     raw = read_params_yaml(path)
+    section = raw.get("tracking") if isinstance(raw, dict) else None
     try:
-        return TrackingParams.model_validate(
-            (raw if isinstance(raw, dict) else {}).get("tracking") or {}
-        ).experiment
+        return TrackingParams.model_validate(section or {}).experiment
     except ValidationError as exc:
         problems = "; ".join(_describe(e) for e in exc.errors(include_url=False))
         raise StageError(f"{path}: tracking.{problems}") from None

@@ -35,15 +35,8 @@ from stages.common import (
     write_json,
 )
 from stages.layout import TOKENS, final_checkpoint, pretrain_curve, pretrain_metrics, resume_checkpoints
-from stages.params import ObjectivesParams, Params, PretrainParams, load_params
+from stages.params import ObjectivesParams, PretrainParams, load_params
 from stages.tracking import WEIGHTS_TAG, flatten, lightning_logger
-
-
-def model_config(params: Params, name: str, vocab_size: int) -> Any:
-    from models.config import ModelConfig
-
-    variant = params.models[name]
-    return ModelConfig(arch=variant.arch, vocab_size=vocab_size, **variant.config_fields())
 
 
 def train_config(objective: str, pretrain: PretrainParams, objectives: ObjectivesParams, seed: int) -> Any:
@@ -164,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         raise StageError(f"params.yaml: models.{name}: no such model; the models are: {known}")
     variant, run = params.models[name], params.pretrain
     meta = read_json(TOKENS / "meta.json", "pack")
-    model_cfg = model_config(params, name, meta["vocab_size"])
+    model_cfg = variant.config(meta["vocab_size"])
     train_cfg = train_config(variant.objective, run, params.objectives, params.seed)
 
     import torch

@@ -41,14 +41,9 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def tracking_uri(repo_dir: Path | None = None) -> str:
     """`MLFLOW_TRACKING_URI`, else the repo's SQLite store (absolute under `repo_dir` when given: the
     stages of a flow may run in temporary copies of the workspace, `dvc exp run --temp`)."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    return (
-        DEFAULT_TRACKING_URI.replace("sqlite:///", f"sqlite:///{repo_dir}/")
-        if repo_dir
-        else DEFAULT_TRACKING_URI
-    )
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{repo_dir / 'mlflow.db'}" if repo_dir else DEFAULT_TRACKING_URI
 
 
 def child_env(parent_run_id: str, uri: str) -> dict[str, str]:

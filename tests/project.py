@@ -53,8 +53,8 @@ def tiny_project(path: Path) -> Path:
     return make_project(path, tiny)
 
 
-def sh(cwd: Path, *args: str, check: bool = True, **env: str | None) -> subprocess.CompletedProcess[str]:
-    """A command in `cwd` with this venv's tools first on PATH; `env` adds variables (None removes one,
+def command_env(**env: str | None) -> dict[str, str]:
+    """This environment with this venv's tools first on PATH; `env` adds variables (None removes one,
     e.g. MLFLOW_TRACKING_URI=None for the project's default store in the repo)."""
     full_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     full_env["PYTHONPATH"] = str(ROOT)  # the flows' modules; `python -m stages.*` finds the copy first
@@ -63,7 +63,14 @@ def sh(cwd: Path, *args: str, check: bool = True, **env: str | None) -> subproce
             full_env.pop(key, None)
         else:
             full_env[key] = value
-    result = subprocess.run(args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=900)
+    return full_env
+
+
+def sh(cwd: Path, *args: str, check: bool = True, **env: str | None) -> subprocess.CompletedProcess[str]:
+    """A command in `cwd` (see `command_env` for `env`); with `check`, a failure fails the test."""
+    result = subprocess.run(
+        args, cwd=cwd, env=command_env(**env), capture_output=True, text=True, timeout=900
+    )
     if check:
         assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
     return result

@@ -23,7 +23,7 @@ from stages.params import ObjectivesParams, PretrainParams
 from stages.pretrain import train_config
 from tests.conftest import ROOT, Workdir
 from tests.pipeline_helpers import run_stages
-from tests.project import make_project
+from tests.project import command_env, make_project, sh
 
 MODELS = {
     "encoder_mlm": {"arch": "encoder", "objective": "mlm", "preset": "tiny"},
@@ -72,12 +72,6 @@ def dvc_repo(tmp: Path, pretrain: dict) -> Path:
     return make_project(tmp, one_decoder)
 
 
-def dvc_env(tmp: Path) -> dict[str, str]:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
-    return env
-
-
 def logged_losses(tmp: Path) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 
@@ -91,18 +85,14 @@ def logged_losses(tmp: Path) -> list[tuple[int, float]]:
 def test_sigkilled_run_resumes_to_identical_weights(tmp_path: Path) -> None:
     settings = {"max_steps": 40, "checkpoint_every": 20, "val_every": 20, "log_every": 1, "warmup_steps": 5}
     straight = dvc_repo(tmp_path / "straight", settings)
-    subprocess.run(
-        ["dvc", "repro", "pack"], cwd=straight, env=dvc_env(straight), check=True, capture_output=True
-    )
+    sh(straight, "dvc", "repro", "pack", MLFLOW_TRACKING_URI=None)  # the project's store: <repo>/mlflow.db
     killed = Path(shutil.copytree(straight, tmp_path / "killed", symlinks=True))  # the same data, once
-    subprocess.run(
-        ["dvc", "repro", TARGET], cwd=straight, env=dvc_env(straight), check=True, capture_output=True
-    )
+    sh(straight, "dvc", "repro", TARGET, MLFLOW_TRACKING_URI=None)
 
     process = subprocess.Popen(
         ["dvc", "repro", TARGET],
         cwd=killed,
-        env=dvc_env(killed),
+        env=command_env(MLFLOW_TRACKING_URI=None),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -116,9 +106,7 @@ def test_sigkilled_run_resumes_to_identical_weights(tmp_path: Path) -> None:
     assert process.wait() == -signal.SIGKILL
     assert not (killed / "checkpoints/decoder_clm/final").exists(), "the run ended before it was killed"
 
-    out = subprocess.run(
-        ["dvc", "repro", TARGET], cwd=killed, env=dvc_env(killed), check=True, capture_output=True, text=True
-    )
+    out = sh(killed, "dvc", "repro", TARGET, MLFLOW_TRACKING_URI=None)
     assert "Running stage 'pretrain@decoder_clm'" in out.stdout
     ours = load_file(killed / "checkpoints/decoder_clm/final/model.safetensors")
     reference = load_file(straight / "checkpoints/decoder_clm/final/model.safetensors")

@@ -253,6 +253,9 @@ class PretrainParams(Strict):
     devices: int | Literal["auto"] = 1
     strategy: Literal["auto", "ddp", "fsdp"] = "auto"
     compile: bool = False
+    models: dict[str, dict[str, Any]] = Field(
+        {}, description="per model of `models`: its own values of the keys above (e.g. a step budget)"
+    )
 
     @model_validator(mode="after")
     def _steps(self) -> PretrainParams:
@@ -359,16 +362,45 @@ class Params(Strict):
     glue: GlueParams = GlueParams(path="data/sample/glue", synthetic=True)
     finetune: FinetuneParams = FinetuneParams()
 
+    def pretrain_of(self, model: str) -> PretrainParams:
+        """The pretrain section as it applies to `model`: its `pretrain.models.<model>` values on top."""
+        overrides = self.pretrain.models.get(model, {})
+        return PretrainParams.model_validate({**self.pretrain.model_dump(exclude={"models"}), **overrides})
+
+    @model_validator(mode="after")
+    def _pretrain_overrides(self) -> Params:
+        for name, overrides in self.pretrain.models.items():
+            if name not in self.models:
+                raise ValueError(
+                    f"pretrain.models.{name}: no such model; the models are: {', '.join(self.models)}"
+                )
+            if "models" in overrides:
+                raise ValueError(f"pretrain.models.{name}.models: unknown key")
+            try:
+                self.pretrain_of(name)
+            except ValidationError as exc:
+                where = f"pretrain.models.{name}"
+                problems = (
+                    f"{where}{'.' if e['loc'] else ': '}{_describe(e)}" for e in exc.errors(include_url=False)
+                )
+                raise ValueError("; ".join(problems)) from None
+        return self
+
     @model_validator(mode="after")
     def _models_fit_sequences(self) -> Params:
         for name, variant in self.models.items():
             if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
                 raise ValueError(f"models.{name}: model names may use letters, digits, '_' and '-'")
             fields = variant.config_fields()
-            if fields["max_len"] < self.pretrain.seq_len:
+            seq_len = self.pretrain_of(name).seq_len
+            key = (
+                f"pretrain.models.{name}.seq_len"
+                if "seq_len" in self.pretrain.models.get(name, {})
+                else "pretrain.seq_len"
+            )
+            if fields["max_len"] < seq_len:
                 raise ValueError(
-                    f"models.{name}.max_len ({fields['max_len']}) is shorter than "
-                    f"pretrain.seq_len ({self.pretrain.seq_len})"
+                    f"models.{name}.max_len ({fields['max_len']}) is shorter than {key} ({seq_len})"
                 )
             try:  # the model's own rules (head sizes, layers per arch), before any stage starts
                 variant.config()

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     if name not in params.models:
         known = ", ".join(params.models) or "(none)"
         raise StageError(f"params.yaml: models.{name}: no such model; the models are: {known}")
-    variant, run = params.models[name], params.pretrain
+    variant, run = params.models[name], params.pretrain_of(name)
     meta = read_json(TOKENS / "meta.json", "pack")
     model_cfg = variant.config(meta["vocab_size"])
     train_cfg = train_config(variant.objective, run, params.objectives, params.seed)

@@ -8,6 +8,7 @@ contains no copied text; everything that carries it is labelled synthetic.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "st", "tr"]
@@ -105,87 +106,87 @@ def corpus(seed: int, documents: int, lexicon_size: int, min_sentences: int, max
 
 def glue_files(seed: int, lexicon_size: int, train_rows: int, dev_rows: int) -> dict[str, dict[str, str]]:
     """Small GLUE-like tasks in the original TSV layout, with labels that follow from the generated
-    language (so they can be learned): folder -> file name -> contents."""
+    language (so they can be learned): folder -> file name -> contents. Each task draws from its own
+    seeded stream, so changing one task's generator leaves the others' rows as they were."""
     language = SyntheticLanguage(seed, lexicon_size)
     lex = language.lexicon
-    rng = random.Random(f"glue-{seed}")
     verbs = set(lex.verbs)
+    adjectives = set(lex.positive + lex.negative)
 
-    def topic() -> list[str]:
+    def topic(rng: random.Random) -> list[str]:
         return rng.sample(lex.nouns, k=6)
 
-    def sentiment() -> tuple[str, int]:
+    def sentiment(rng: random.Random) -> tuple[str, int]:
         label = rng.randrange(2)
-        adjectives = lex.positive if label else lex.negative
-        words = language.clause(rng, topic()).split()
+        polar = lex.positive if label else lex.negative
+        words = language.clause(rng, topic(rng)).split()
         nouns = [i for i, w in enumerate(words) if w.rstrip("s") in lex.nouns or w in lex.nouns]
         for i in reversed(nouns):  # an adjective of the label's polarity before every noun
-            words.insert(i, rng.choice(adjectives))
-        return " ".join(
-            w for w in words if w not in lex.negative + lex.positive or w in adjectives
-        ) + " .", label
+            words.insert(i, rng.choice(polar))
+        return " ".join(w for w in words if w not in adjectives or w in polar) + " .", label
 
-    def acceptability() -> tuple[str, int]:
-        words = language.sentence(rng, topic()).split()
+    def acceptability(rng: random.Random) -> tuple[str, int]:
+        words = language.sentence(rng, topic(rng)).split()
         label = rng.randrange(2)
         if not label:  # break the number agreement of the first verb
             i = next(i for i, w in enumerate(words) if w in verbs or w[:-1] in verbs)
             words[i] = words[i][:-1] if words[i] not in verbs else words[i] + "s"
         return " ".join(words), label
 
-    def entailment() -> tuple[str, str, str]:
-        t = topic()
+    def entailment(rng: random.Random) -> tuple[str, str, str]:
+        t = topic(rng)
         first, second = language.clause(rng, t), language.clause(rng, t)
         premise = f"{first[0].upper()}{first[1:]} and {second}."
         label = rng.randrange(2)
         hypothesis = rng.choice((first, second)) if label == 0 else language.clause(rng, t)
         return premise, f"{hypothesis[0].upper()}{hypothesis[1:]}.", ("entailment", "not_entailment")[label]
 
-    def similar() -> tuple[str, str, float]:
-        words = language.sentence(rng, topic()).split()
+    def similar(rng: random.Random) -> tuple[str, str, float]:
+        words = language.sentence(rng, topic(rng)).split()
         other = list(words)
         for i in rng.sample(range(len(other)), k=rng.randrange(len(other) + 1)):
             other[i] = rng.choice(lex.nouns)
         overlap = len(set(words) & set(other)) / len(set(words) | set(other))
         return " ".join(words), " ".join(other), round(5 * overlap, 3)
 
-    def paraphrase() -> tuple[str, str, int]:
-        first = language.sentence(rng, topic())
+    def paraphrase(rng: random.Random) -> tuple[str, str, int]:
+        # a paraphrase restates the first sentence without its adjectives; a non-paraphrase (like a
+        # dissimilar STS-B pair) has half of its words replaced by other nouns
+        first = language.sentence(rng, topic(rng))
+        words = [w for w in first.split() if w.strip(".") not in adjectives]
         label = rng.randrange(2)
-        words = first.split()
-        if label:  # the same statement without its adjectives
-            second = " ".join(w for w in words if w.strip(".") not in lex.positive + lex.negative)
-        else:  # another object: a different statement
-            i = max(i for i, w in enumerate(words) if w.strip(".").rstrip("s") in lex.nouns)
-            words[i] = rng.choice(lex.nouns) + ("." if words[i].endswith(".") else "")
-            second = " ".join(words)
-        return first, second, label
+        if not label:
+            for i in rng.sample(range(len(words)), k=len(words) // 2):
+                words[i] = rng.choice(lex.nouns)
+        return first, " ".join(words), label
 
+    # folder -> (generator, header, one row); the layouts are GLUE's own (CoLA has no header)
+    tasks: dict[str, tuple[Callable[[random.Random], tuple], str, Callable[[int, tuple], str]]] = {
+        "SST-2": (sentiment, "sentence\tlabel\n", lambda i, e: f"{e[0]} \t{e[1]}\n"),
+        "CoLA": (acceptability, "", lambda i, e: f"syn{i % 7:02d}\t{e[1]}\t{'' if e[1] else '*'}\t{e[0]}\n"),
+        "RTE": (
+            entailment,
+            "index\tsentence1\tsentence2\tlabel\n",
+            lambda i, e: f"{i}\t{e[0]}\t{e[1]}\t{e[2]}\n",
+        ),
+        "STS-B": (
+            similar,
+            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n",
+            lambda i, e: f"{i}\tsynthetic\tsample\t2026\t{i:04d}\tnone\tnone\t{e[0]}\t{e[1]}\t{e[2]:.3f}\n",
+        ),
+        "MRPC": (
+            paraphrase,
+            "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n",
+            lambda i, e: f"{e[2]}\t{2 * i}\t{2 * i + 1}\t{e[0]}\t{e[1]}\n",
+        ),
+    }
     files: dict[str, dict[str, str]] = {}
-    for split, rows in (("train", train_rows), ("dev", dev_rows)):
-        sst = [sentiment() for _ in range(rows)]
-        files.setdefault("SST-2", {})[f"{split}.tsv"] = "sentence\tlabel\n" + "".join(
-            f"{s} \t{y}\n" for s, y in sst
-        )
-        cola = [acceptability() for _ in range(rows)]
-        files.setdefault("CoLA", {})[f"{split}.tsv"] = "\n".join(
-            f"syn{i % 7:02d}\t{y}\t{'' if y else '*'}\t{s}" for i, (s, y) in enumerate(cola)
-        )
-        rte = [entailment() for _ in range(rows)]
-        files.setdefault("RTE", {})[f"{split}.tsv"] = "index\tsentence1\tsentence2\tlabel\n" + "".join(
-            f"{i}\t{p}\t{h}\t{y}\n" for i, (p, h, y) in enumerate(rte)
-        )
-        sts = [similar() for _ in range(rows)]
-        files.setdefault("STS-B", {})[f"{split}.tsv"] = (
-            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
-            + "".join(
-                f"{i}\tsynthetic\tsample\t2026\t{i:04d}\tnone\tnone\t{a}\t{b}\t{y:.3f}\n"
-                for i, (a, b, y) in enumerate(sts)
-            )
-        )
-        mrpc = [paraphrase() for _ in range(rows)]
-        files.setdefault("MRPC", {})[f"{split}.tsv"] = (
-            "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-            + "".join(f"{y}\t{2 * i}\t{2 * i + 1}\t{a}\t{b}\n" for i, (a, b, y) in enumerate(mrpc))
-        )
+    for folder, (make, header, row) in tasks.items():
+        rng = random.Random(f"glue-{folder}-{seed}")
+        files[folder] = {
+            f"{split}.tsv": header + "".join(row(i, make(rng)) for i in range(rows))
+            for split, rows in (("train", train_rows), ("dev", dev_rows))
+        }
+    for name, text in files["CoLA"].items():  # GLUE's CoLA files end without a newline
+        files["CoLA"][name] = text.removesuffix("\n")
     return files

@@ -83,3 +83,46 @@ def test_invalid_yaml_is_one_line(workdir) -> None:
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.startswith("error: params.yaml: not valid YAML")
+
+
+def test_a_model_can_have_its_own_pretrain_values() -> None:
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["pretrain"]["models"] = {"decoder_clm": {"max_steps": 300, "lr": 0.002}}
+    params = parse_params(raw)
+    decoder, encoder = params.pretrain_of("decoder_clm"), params.pretrain_of("encoder_mlm")
+    assert (decoder.max_steps, decoder.lr) == (300, 0.002)
+    assert (encoder.max_steps, encoder.lr) == (raw["pretrain"]["max_steps"], raw["pretrain"]["lr"])
+    assert decoder.models == {} and decoder.batch_size == encoder.batch_size
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"nope": {"max_steps": 3}}, "pretrain.models.nope: no such model; the models are: encoder_mlm"),
+        ({"decoder_clm": {"max_stepz": 3}}, "pretrain.models.decoder_clm.max_stepz: unknown key"),
+        (
+            {"decoder_clm": {"max_steps": 0}},
+            "pretrain.models.decoder_clm.max_steps=0: Input should be greater than or equal to 1",
+        ),
+        (
+            {"decoder_clm": {"warmup_steps": 10_000}},
+            "pretrain.models.decoder_clm: warmup_steps (10000) must be <= max_steps",
+        ),
+        ({"decoder_clm": {"models": {}}}, "pretrain.models.decoder_clm.models: unknown key"),
+        (
+            {"decoder_clm": {"seq_len": 4096}},
+            "models.decoder_clm.max_len (128) is shorter than pretrain.models.decoder_clm.seq_len (4096)",
+        ),
+    ],
+)
+def test_bad_pretrain_values_of_a_model_name_the_dotted_key(overrides: dict, expected: str) -> None:
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["pretrain"]["models"] = overrides
+    with pytest.raises(StageError) as info:
+        parse_params(raw)
+    assert "\n" not in str(info.value)
+    assert expected in str(info.value)

@@ -22,6 +22,8 @@ from tests.project import sh, tiny_project
 CI_SIZE = [
     "~models.decoder_clm",
     "~models.encdec_span",
+    "~pretrain.models.decoder_clm",
+    "~pretrain.models.encdec_span",
     "++models.encoder_mlm.preset=tiny",
     "++tokenizer.vocab_size=2000",
     "++pretrain.max_steps=20",

@@ -35,3 +35,19 @@ def test_generated_text_passes_quality_rules_and_agrees_in_number() -> None:
             subject = words[words.index(verb) - 1]
             # a plural subject takes the bare verb, a singular one the -s form
             assert subject.endswith("s") == (verb in verbs)
+
+
+def test_each_synthetic_task_has_its_own_stream_and_mrpc_labels_follow_the_words() -> None:
+    from stages.synthetic import glue_files
+
+    small, large = glue_files(7, 300, 50, 20), glue_files(7, 300, 50, 40)
+    # one task's rows do not depend on how many rows another drew before it
+    assert small["SST-2"]["train.tsv"] == large["SST-2"]["train.tsv"]
+    assert large["CoLA"]["dev.tsv"].startswith(small["CoLA"]["dev.tsv"])
+    assert not small["CoLA"]["dev.tsv"].endswith("\n")  # GLUE's CoLA files end without one
+    rows = [line.split("\t") for line in large["MRPC"]["train.tsv"].splitlines()[1:]]
+    assert {label for label, *_ in rows} == {"0", "1"}
+    for label, _, _, first, second in rows:
+        # a paraphrase only drops words (the adjectives); a non-paraphrase brings in other ones
+        new_words = set(second.split()) - set(first.split())
+        assert (not new_words) == (label == "1"), (label, first, second)

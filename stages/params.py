@@ -379,11 +379,7 @@ class Params(Strict):
             try:
                 self.pretrain_of(name)
             except ValidationError as exc:
-                where = f"pretrain.models.{name}"
-                problems = (
-                    f"{where}{'.' if e['loc'] else ': '}{_describe(e)}" for e in exc.errors(include_url=False)
-                )
-                raise ValueError("; ".join(problems)) from None
+                raise ValueError(_problems(exc, f"pretrain.models.{name}")) from None
         return self
 
     @model_validator(mode="after")
@@ -437,14 +433,22 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{key}={error['input']!r}: {message}" if key else message
 
 
+def _problems(exc: ValidationError, section: str = "") -> str:
+    """Every error of a validation as one line, keys dotted from `section` (the root if empty)."""
+    described = []
+    for error in exc.errors(include_url=False):
+        line = _describe(error)
+        described.append(f"{section}{'.' if error['loc'] else ': '}{line}" if section else line)
+    return "; ".join(described)
+
+
 def parse_params(raw: Any, origin: str = str(PARAMS_FILE)) -> Params:
     if not isinstance(raw, dict):
         raise StageError(f"{origin}: expected a mapping of sections, got {type(raw).__name__}")
     try:
         return Params.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(_describe(e) for e in exc.errors(include_url=False))
-        raise StageError(f"{origin}: {problems}") from None
+        raise StageError(f"{origin}: {_problems(exc)}") from None
 
 
 def read_params_yaml(path: Path = PARAMS_FILE) -> Any:
@@ -465,8 +469,7 @@ def tracking_experiment(path: Path = PARAMS_FILE) -> str:
     try:
         return TrackingParams.model_validate(section or {}).experiment
     except ValidationError as exc:
-        problems = "; ".join(_describe(e) for e in exc.errors(include_url=False))
-        raise StageError(f"{path}: tracking.{problems}") from None
+        raise StageError(f"{path}: {_problems(exc, 'tracking')}") from None
 
 
 def load_params(path: Path = PARAMS_FILE) -> Params:

@@ -8,8 +8,9 @@ contains no copied text; everything that carries it is labelled synthetic.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "st", "tr"]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
@@ -104,6 +105,19 @@ def corpus(seed: int, documents: int, lexicon_size: int, min_sentences: int, max
     return docs
 
 
+class TaskLayout(NamedTuple):
+    """How one synthetic task is generated and written as a GLUE TSV file."""
+
+    make: Callable[[random.Random], tuple]  # one example from a seeded stream
+    header: str
+    row: Callable[[int, tuple], str]  # (index, example) -> one line without its newline
+    final_newline: bool = True
+
+    def text(self, examples: Iterable[tuple]) -> str:
+        body = "\n".join(self.row(i, example) for i, example in enumerate(examples))
+        return self.header + body + ("\n" if self.final_newline else "")
+
+
 def glue_files(seed: int, lexicon_size: int, train_rows: int, dev_rows: int) -> dict[str, dict[str, str]]:
     """Small GLUE-like tasks in the original TSV layout, with labels that follow from the generated
     language (so they can be learned): folder -> file name -> contents. Each task draws from its own
@@ -160,33 +174,33 @@ def glue_files(seed: int, lexicon_size: int, train_rows: int, dev_rows: int) -> 
                 words[i] = rng.choice(lex.nouns)
         return first, " ".join(words), label
 
-    # folder -> (generator, header, one row); the layouts are GLUE's own (CoLA has no header)
-    tasks: dict[str, tuple[Callable[[random.Random], tuple], str, Callable[[int, tuple], str]]] = {
-        "SST-2": (sentiment, "sentence\tlabel\n", lambda i, e: f"{e[0]} \t{e[1]}\n"),
-        "CoLA": (acceptability, "", lambda i, e: f"syn{i % 7:02d}\t{e[1]}\t{'' if e[1] else '*'}\t{e[0]}\n"),
-        "RTE": (
-            entailment,
-            "index\tsentence1\tsentence2\tlabel\n",
-            lambda i, e: f"{i}\t{e[0]}\t{e[1]}\t{e[2]}\n",
+    layouts = {  # GLUE's own: a header line (none in CoLA) and columns in GLUE's order
+        "SST-2": TaskLayout(sentiment, "sentence\tlabel\n", lambda i, e: f"{e[0]} \t{e[1]}"),
+        "CoLA": TaskLayout(
+            acceptability,
+            "",
+            lambda i, e: f"syn{i % 7:02d}\t{e[1]}\t{'' if e[1] else '*'}\t{e[0]}",
+            final_newline=False,  # as GLUE's CoLA files
         ),
-        "STS-B": (
+        "RTE": TaskLayout(
+            entailment, "index\tsentence1\tsentence2\tlabel\n", lambda i, e: f"{i}\t{e[0]}\t{e[1]}\t{e[2]}"
+        ),
+        "STS-B": TaskLayout(
             similar,
             "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n",
-            lambda i, e: f"{i}\tsynthetic\tsample\t2026\t{i:04d}\tnone\tnone\t{e[0]}\t{e[1]}\t{e[2]:.3f}\n",
+            lambda i, e: f"{i}\tsynthetic\tsample\t2026\t{i:04d}\tnone\tnone\t{e[0]}\t{e[1]}\t{e[2]:.3f}",
         ),
-        "MRPC": (
+        "MRPC": TaskLayout(
             paraphrase,
             "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n",
-            lambda i, e: f"{e[2]}\t{2 * i}\t{2 * i + 1}\t{e[0]}\t{e[1]}\n",
+            lambda i, e: f"{e[2]}\t{2 * i}\t{2 * i + 1}\t{e[0]}\t{e[1]}",
         ),
     }
     files: dict[str, dict[str, str]] = {}
-    for folder, (make, header, row) in tasks.items():
+    for folder, layout in layouts.items():
         rng = random.Random(f"glue-{folder}-{seed}")
         files[folder] = {
-            f"{split}.tsv": header + "".join(row(i, make(rng)) for i in range(rows))
+            f"{split}.tsv": layout.text(layout.make(rng) for _ in range(rows))
             for split, rows in (("train", train_rows), ("dev", dev_rows))
         }
-    for name, text in files["CoLA"].items():  # GLUE's CoLA files end without a newline
-        files["CoLA"][name] = text.removesuffix("\n")
     return files

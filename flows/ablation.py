@@ -35,16 +35,19 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 
 from flows import profile as profiles
-from flows.pipeline import (
+from flows.common import (
     FlowFailed,
     PipelineError,
     check_overrides,
     cli,
+    dvc,
     hydra_value,
     last_line,
     pool_overrides,
     stage_env,
 )
+from flows.dispatch import DISPATCH_TAG, Target, dispatch, pool_target
+from flows.pipeline import read_graph
 from stages.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve
 from stages.params import read_params_yaml, tracking_experiment
 from stages.tracking import FlowTracking, child_env, git_commit
@@ -140,20 +143,44 @@ def run_point(repo_dir: Path, point: Point, tracking_uri: str) -> dict[str, Any]
     logger.info("%s: ran %s", point.experiment, ", ".join(ran) or "nothing (all cached)")
     if result.returncode != 0:
         raise RuntimeError(f"{point.experiment}: {last_line(result.stderr or result.stdout)}")
-    # the experiment's own outputs, from the DVC cache through its commit
-    glue = json.loads(_read(repo_dir, GLUE_METRICS, point.experiment))
-    curves = {
-        model: pd.read_csv(io.StringIO(_read(repo_dir, pretrain_curve(model), point.experiment)))
-        for model in glue
+    return {**outputs(repo_dir, point.experiment), "seconds": time.perf_counter() - started}
+
+
+@task(task_run_name="{point.experiment} on the pool")
+def run_point_on_pool(repo_dir: Path, point: Point, target: Target, retries: int) -> dict[str, Any]:
+    """The point as a flow run on any worker of the pool (run again after a crash, `retries` times at
+    most); its experiment and outputs back through the git and DVC remotes."""
+    started = time.perf_counter()
+    parameters = {
+        "experiment": point.experiment,
+        "overrides": point.overrides,
+        "revision": target.revision,
+        "parent_run_id": point.run_id,
+        "tracking_uri": target.tracking_uri,
+        "git_remote": target.git_remote,
+        "dvc_remote": target.dvc_remote,
     }
-    predictions = pd.read_parquet(io.BytesIO(_read(repo_dir, PREDICTIONS, point.experiment, "rb")))
+    attempts = dispatch(target, "ablation-point", parameters, point.experiment, retries)
+    pulled = dvc(
+        repo_dir, "exp", "pull", "--force", *target.dvc_remote_args(), target.git_remote, point.experiment
+    )
+    if pulled.returncode != 0:
+        raise RuntimeError(f"{point.experiment}: dvc exp pull: {last_line(pulled.stderr or pulled.stdout)}")
     return {
-        "glue": glue,
-        "curves": curves,
-        "predictions": predictions,
-        "stages_run": ran,
+        **outputs(repo_dir, point.experiment),
         "seconds": time.perf_counter() - started,
+        "attempts": attempts,
     }
+
+
+def outputs(repo_dir: Path, experiment: str) -> dict[str, Any]:
+    """An experiment's GLUE metrics, loss curves and predictions, from the DVC cache through its commit."""
+    glue = json.loads(_read(repo_dir, GLUE_METRICS, experiment))
+    curves = {
+        model: pd.read_csv(io.StringIO(_read(repo_dir, pretrain_curve(model), experiment))) for model in glue
+    }
+    predictions = pd.read_parquet(io.BytesIO(_read(repo_dir, PREDICTIONS, experiment, "rb")))
+    return {"glue": glue, "curves": curves, "predictions": predictions}
 
 
 def _read(repo_dir: Path, path: Path, experiment: str, mode: str = "r") -> Any:
@@ -366,11 +393,19 @@ def ablation(
     profile: str | None = None,
     corpus: str | None = None,
     glue: str | None = None,
+    pool: str | None = None,
+    dvc_remote: str | None = None,
+    git_remote: str = "origin",
 ) -> dict[str, Any]:
     """Run every point of `grid` (or of a named preset) as a DVC experiment; compare them, each against
     the `baseline` point (the values that identify it; by default the preset's, else the first point).
     With a `profile` (flows/profiles/<name>.yaml, its folders `corpus` and `glue`) every point runs on
     the profile's params, the point's values on top.
+
+    With a `pool`, every point is a flow run of the deployment `ablation-point-<pool>` on any worker
+    of that work pool (flows/dispatch.py): the committed and pushed HEAD, results through the
+    `git_remote` and the DVC remote (`dvc_remote`, else the project's default), a crashed point run
+    again up to the graph's largest `meta.retries` times. `max_parallel` caps the points in flight.
 
     Returns the comparison rows and where the report is; a failed point fails the flow after the
     comparison of the others is written.
@@ -395,6 +430,9 @@ def ablation(
         raise PipelineError("max_parallel must be at least 1")
 
     tracking = FlowTracking(repo_dir, tracking_experiment(params_file))
+    target = _pool_target(repo_dir, pool, tracking.uri, git_remote, dvc_remote) if pool else None
+    if target is not None:
+        overrides = [target.overrides(point) for point in overrides]
     parent = tracking.start(
         sweep, {"stage": "ablation", "sweep": sweep, "preset": preset or "", "git_commit": git_commit()}
     )
@@ -408,7 +446,7 @@ def ablation(
         points.append(Point(index, experiment, point_values, point_overrides_, run_id))
     logger.info("sweep %s: %d points over %s, %d at once", sweep, len(points), swept or keys, max_parallel)
 
-    results, failed = _run_points(repo_dir, points, tracking.uri, max_parallel)
+    results, failed = _run_points(repo_dir, points, tracking.uri, max_parallel, target)
     for point in points:
         if point.index in failed:
             tracking.client.set_terminated(point.run_id, "FAILED")
@@ -430,6 +468,8 @@ def ablation(
     if len(table):
         out.mkdir(parents=True, exist_ok=True)
         text = markdown(table, sweep, swept, synthetic, points[base])
+        if target is not None:
+            text += where_points_ran(points, results, failed, target, tracking)
         table.to_csv(out / "comparison.csv", index=False)
         (out / "comparison.md").write_text(text)
         (out / "glue.png").write_bytes(plot_scores(table, swept))
@@ -465,10 +505,49 @@ def resolve_grid(
     return PRESETS[preset] if preset is not None else grid
 
 
+def _pool_target(
+    repo_dir: Path, pool: str, tracking_uri: str, git_remote: str, dvc_remote: str | None
+) -> Target:
+    """The pool's target, checked (flows.dispatch.pool_target), with the workspace's outputs and run
+    cache on the DVC remote: a point's unchanged stages come from there."""
+    target = pool_target(repo_dir, pool, "ablation-point", tracking_uri, git_remote, dvc_remote)
+    pushed = dvc(repo_dir, "push", "--run-cache", *target.dvc_remote_args())
+    if pushed.returncode != 0:
+        raise PipelineError(f"dvc push: {last_line(pushed.stderr or pushed.stdout)}")
+    return target
+
+
+def where_points_ran(
+    points: Sequence[Point],
+    results: Mapping[int, dict[str, Any]],
+    failed: Mapping[int, str],
+    target: Target,
+    tracking: FlowTracking,
+) -> str:
+    """The sweep's dispatch summary: each point's attempts (worker and outcome) and how long it waited
+    between submit and its first stage."""
+    lines = ["", f"Points ran on work pool `{target.pool}` at commit `{target.revision[:12]}`:", ""]
+    lines += ["| experiment | attempts | submit → first stage (s) |", "|---|---|---:|"]
+    for point in points:
+        tags = tracking.client.get_run(point.run_id).data.tags
+        if point.index in results:
+            attempts = "; then ".join(a.line() for a in results[point.index]["attempts"])
+        else:
+            attempts = failed[point.index].split(": ", 1)[-1]
+        lines.append(f"| {point.experiment} | {attempts} | {tags.get(DISPATCH_TAG, '—')} |")
+    return "\n".join(lines) + "\n"
+
+
 def _run_points(
-    repo_dir: Path, points: Sequence[Point], tracking_uri: str, max_parallel: int
+    repo_dir: Path,
+    points: Sequence[Point],
+    tracking_uri: str,
+    max_parallel: int,
+    target: Target | None = None,
 ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     logger = get_run_logger()
+    # a crashed point runs again as often as the graph's most patient stage (meta.retries)
+    retries = max((node.retries for node in read_graph(repo_dir).values()), default=0)
     results: dict[int, dict[str, Any]] = {}
     failed: dict[int, str] = {}
     waiting = list(points)
@@ -476,7 +555,12 @@ def _run_points(
     while waiting or running:
         while waiting and len(running) < max_parallel:
             point = waiting.pop(0)
-            running[run_point.submit(repo_dir, point, tracking_uri)] = point
+            future = (
+                run_point_on_pool.submit(repo_dir, point, target, retries)
+                if target is not None
+                else run_point.submit(repo_dir, point, tracking_uri)
+            )
+            running[future] = point
         finished = next(as_completed(list(running)))
         point = running.pop(finished)
         outcome = finished.result(raise_on_failure=False)
@@ -503,6 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help='JSON: the values of the point the others are compared with, e.g. {"pretrain.lr": 0.001} '
         "(default: the preset's, else the first point)",
     )
+    parser.add_argument("--pool", help="run every point as a flow run on this Prefect work pool")
+    parser.add_argument("--dvc-remote", help="with --pool: the DVC remote (default: the project's default)")
+    parser.add_argument("--git-remote", default="origin", help="with --pool: the git remote (default origin)")
     args = parser.parse_args(argv)
 
     def body() -> str:
@@ -533,6 +620,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             profile=args.profile,
             corpus=args.corpus,
             glue=args.glue,
+            pool=args.pool,
+            dvc_remote=args.dvc_remote,
+            git_remote=args.git_remote,
         )
         return f"comparison: {result['report']}/comparison.md"
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,35 +31,22 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 from prefect.tasks import exponential_backoff
 
-from stages.common import StageError
-from stages.params import read_params_yaml, tracking_experiment
-from stages.tracking import PARENT_RUN_ENV, FlowTracking, child_env
+from flows.common import (
+    FlowFailed,
+    PipelineError,
+    apply_overrides,
+    check_overrides,
+    cli,
+    dvc,
+    last_line,
+    pool_overrides,
+    stage_env,
+)
+from flows.dispatch import Target, dispatch, pool_target
+from stages.params import tracking_experiment
+from stages.tracking import PARENT_RUN_ENV, FlowTracking, child_env, tracking_uri
 
 _TAIL_LINES = 20  # of a stage's output, logged when it finishes
-# params overrides from the environment: a work pool's job variables carry its device settings
-PARAMS_OVERRIDES_ENV = "LMPIPE_PARAMS_OVERRIDES"
-
-
-class PipelineError(Exception):
-    """Bad flow input (unknown stage or params key): one line, no traceback."""
-
-
-class FlowFailed(Exception):
-    """The flow ran and some of its work failed: one line, exit code 1."""
-
-
-def cli(body: Callable[[], str]) -> int:
-    """A flow's command line: `body()` returns what to print on success; bad input is one line and
-    exit code 2, failed work one line and exit code 1."""
-    try:
-        print(body())
-    except (PipelineError, StageError) as exc:  # StageError: params.yaml itself is wrong
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except FlowFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
 
 
 @dataclass(frozen=True)
@@ -78,6 +66,7 @@ class Summary:
     failed: dict[str, str] = field(default_factory=dict)  # stage -> its error line
     not_run: list[str] = field(default_factory=list)  # downstream of a failure
     seconds: dict[str, float] = field(default_factory=dict)
+    where: dict[str, str] = field(default_factory=dict)  # a dispatched stage -> its attempts on the pool
 
     def line(self) -> str:
         return (
@@ -86,7 +75,11 @@ class Summary:
         )
 
     def markdown(self) -> str:
-        rows = [f"| {name} | ran | {self.seconds[name]:.1f} |" for name in self.ran]
+        rows = [
+            f"| {name} | ran{' (' + self.where[name] + ')' if name in self.where else ''} | "
+            f"{self.seconds[name]:.1f} |"
+            for name in self.ran
+        ]
         rows += [f"| {name} | up to date | {self.seconds[name]:.1f} |" for name in self.skipped]
         rows += [
             f"| {name} | failed: {error} | {self.seconds[name]:.1f} |" for name, error in self.failed.items()
@@ -154,48 +147,6 @@ def select(nodes: Mapping[str, StageNode], targets: Sequence[str] | None) -> dic
     return {name: node for name, node in nodes.items() if name in wanted}
 
 
-def check_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
-    """Every `key=value` names a key of params.yaml (`+key=` adds one, `~key` deletes one, as in DVC)."""
-    params_file = repo_dir / "params.yaml"
-    params = read_params_yaml(params_file) or {}
-    for override in overrides:
-        key, sep, _ = override.partition("=")
-        if key.startswith(("+", "~")):
-            continue
-        if not sep:
-            raise PipelineError(f"params override '{override}' is not key=value")
-        node: Any = params
-        for part in key.split("."):
-            if not isinstance(node, Mapping) or part not in node:
-                raise PipelineError(f"params override '{override}': {params_file} has no key '{key}'")
-            node = node[part]
-
-
-def pool_overrides(explicit: Sequence[str] = ()) -> list[str]:
-    """LMPIPE_PARAMS_OVERRIDES (space-separated key=value), minus the keys given explicitly."""
-    given = {o.partition("=")[0].lstrip("+~") for o in explicit}
-    pool = os.environ.get(PARAMS_OVERRIDES_ENV, "").split()
-    return [o for o in pool if o.partition("=")[0].lstrip("+~") not in given]
-
-
-def hydra_value(value: Any) -> str:
-    """A value as `dvc exp run -S key=<value>` parses it back to the same YAML value."""
-    if isinstance(value, list):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    return json.dumps(value)  # strings (quoted), numbers, true/false, null
-
-
-def apply_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
-    """`key=value` into params.yaml with the semantics of `dvc exp run -S`."""
-    if overrides:
-        from dvc.utils.hydra import apply_overrides as dvc_apply
-
-        check_overrides(repo_dir, overrides)
-        dvc_apply(str(repo_dir / "params.yaml"), list(overrides))
-
-
 def visible_gpus() -> list[str]:
     """The GPU ids a stage may be given (CUDA_VISIBLE_DEVICES when set, else what torch sees)."""
     devices = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -204,22 +155,6 @@ def visible_gpus() -> list[str]:
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def stage_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    # stage commands say `python`: the interpreter of this flow, as when DVC runs from this venv
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, "DVC_NO_ANALYTICS": "1", **(extra or {})}
-
-
-def dvc(repo_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dvc", "--wait-for-lock", *args],
-        cwd=repo_dir,
-        env=stage_env(),
-        capture_output=True,
-        text=True,
-    )
 
 
 def changed(repo_dir: Path, names: Sequence[str]) -> set[str]:
@@ -232,16 +167,12 @@ def changed(repo_dir: Path, names: Sequence[str]) -> set[str]:
     return set(json.loads(result.stdout or "{}")) & set(names)
 
 
-def last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
-
-
 @dataclass(frozen=True)
 class StageResult:
     name: str
     ran: bool
     seconds: float
+    where: str = ""  # for a dispatched stage: its attempts on the pool
 
 
 @task(task_run_name="{node.name}")
@@ -267,6 +198,54 @@ def run_stage(repo_dir: Path, node: StageNode, recheck: bool, env: Mapping[str, 
     return StageResult(node.name, True, time.perf_counter() - started)
 
 
+@task(task_run_name="{node.name} on the pool")
+def run_stage_on_pool(
+    repo_dir: Path,
+    node: StageNode,
+    recheck: bool,
+    env: Mapping[str, str],
+    target: Target,
+    overrides: list[str],
+) -> StageResult:
+    """The stage as a flow run on any worker of the pool (run again after a crash, `meta.retries`
+    times at most); back here through the remotes: `dvc repro` restores it from the run cache the
+    worker pushed, so dvc.lock records it as if it had run here."""
+    started = time.perf_counter()
+    if recheck and node.name not in changed(repo_dir, [node.name]):
+        return StageResult(node.name, False, time.perf_counter() - started)
+    remote = target.dvc_remote_args()
+    _dvc_or_fail(repo_dir, "push", "--run-cache", *remote, *node.upstream)  # what the worker needs
+    parent_run_id = env.get(PARENT_RUN_ENV) or os.environ.get(PARENT_RUN_ENV, "")
+    experiment = re.sub(r"[^A-Za-z0-9_.-]", ".", f"stage-{parent_run_id[:8]}-{node.name}")
+    parameters = {
+        "stage": node.name,
+        "experiment": experiment,
+        "overrides": overrides,
+        "revision": target.revision,
+        "parent_run_id": parent_run_id,
+        "tracking_uri": target.tracking_uri,
+        "git_remote": target.git_remote,
+        "dvc_remote": target.dvc_remote,
+    }
+    attempts = dispatch(target, "pipeline-stage", parameters, experiment, node.retries)
+    _dvc_or_fail(repo_dir, "exp", "pull", "--force", "--run-cache", *remote, target.git_remote, experiment)
+    dry = _dvc_or_fail(repo_dir, "repro", "--single-item", "--dry", node.name)
+    if "is cached - skipping run" not in dry:  # never run a GPU stage here by mistake
+        raise RuntimeError(
+            f"the run cache from {attempts[-1].worker} does not match this workspace's {node.name}"
+        )
+    _dvc_or_fail(repo_dir, "repro", "--single-item", node.name)
+    where = "; then ".join(a.line() for a in attempts)
+    return StageResult(node.name, True, time.perf_counter() - started, where)
+
+
+def _dvc_or_fail(repo_dir: Path, *args: str) -> str:
+    result = dvc(repo_dir, *args)
+    if result.returncode != 0:
+        raise RuntimeError(f"dvc {' '.join(args[:2])}: {last_line(result.stderr or result.stdout)}")
+    return result.stdout + result.stderr
+
+
 def schedule(
     repo_dir: Path,
     nodes: Mapping[str, StageNode],
@@ -275,9 +254,13 @@ def schedule(
     retry_delay_s: float,
     env: Mapping[str, str],
     gpus: Sequence[str] = (),
+    target: Target | None = None,
+    overrides: Sequence[str] = (),
 ) -> Summary:
     """Submit each stage once all its upstream succeeded; never more than the slots allow. A GPU
-    stage gets a GPU of its own (CUDA_VISIBLE_DEVICES) while there are as many slots as GPUs."""
+    stage gets a GPU of its own (CUDA_VISIBLE_DEVICES) while there are as many slots as GPUs; with a
+    pool `target`, it is dispatched there instead (with `overrides`), and `max_parallel` counts only
+    the stages that run here."""
     logger = get_run_logger()
     summary = Summary()
     stale = changed(repo_dir, list(nodes))  # one status call; later only downstream of a run stage
@@ -303,8 +286,18 @@ def schedule(
                 summary.skipped.append(name)
                 summary.seconds[name] = 0.0
                 continue
+            dispatched = target is not None and node.gpu
             gpu_busy = sum(n.gpu for n in running.values())
-            if len(running) >= max_parallel or (node.gpu and gpu_busy >= gpu_slots):
+            here_busy = sum(not (target is not None and n.gpu) for n in running.values())
+            if (not dispatched and here_busy >= max_parallel) or (node.gpu and gpu_busy >= gpu_slots):
+                continue
+            if dispatched:
+                pending.remove(name)
+                started[name] = time.perf_counter()
+                task_run = run_stage_on_pool.with_options(tags=["gpu"])
+                running[task_run.submit(repo_dir, node, name not in stale, env, target, list(overrides))] = (
+                    node
+                )
                 continue
             options: dict[str, Any] = {"tags": ["gpu"] if node.gpu else ["cpu"]}
             if node.retries:
@@ -329,6 +322,8 @@ def schedule(
         if isinstance(result, StageResult):
             done[node.name] = result.ran
             (summary.ran if result.ran else summary.skipped).append(node.name)
+            if result.where:
+                summary.where[node.name] = result.where
         else:
             summary.failed[node.name] = str(result)
             logger.error("stage %s failed: %s", node.name, result)
@@ -344,6 +339,8 @@ def pipeline(
     gpu_slots: int | None = None,
     retry_delay_s: float = 10.0,
     remote: str | None = None,
+    pool: str | None = None,
+    git_remote: str = "origin",
 ) -> dict[str, Any]:
     """Bring the DVC pipeline (or `targets` and their upstream) up to date; return the summary.
 
@@ -356,27 +353,41 @@ def pipeline(
 
     overrides: params as `dvc exp run -S` takes them (`objectives.mlm.mask_rate=0.2`), written
     into params.yaml first, after those of LMPIPE_PARAMS_OVERRIDES (a work pool's device settings).
+
+    pool: the stages with `meta.gpu` become flow runs of the deployment `pipeline-stage-<pool>` on
+    any worker of that work pool (flows/dispatch.py), at the committed and pushed HEAD with this
+    workspace's params; their results come back through `git_remote` and the DVC remote (`remote`,
+    else the project's default); the pool's device settings (its deployment's job variables) are
+    written into params.yaml here as well, so that DVC sees the same params on both sides.
+    `gpu_slots` then caps the stages in flight on the pool (default: all of them).
     A failed stage fails the flow; stages downstream of it do not run.
     """
     gpus = visible_gpus()
     if max_parallel is None:
         max_parallel = max(1, len(gpus))
-    if gpu_slots is None:
-        gpu_slots = len(gpus) or max_parallel
-    if max_parallel < 1 or gpu_slots < 1:
-        raise PipelineError("max_parallel and gpu_slots must be at least 1")
     logger = get_run_logger()
     repo_dir = Path(repo).resolve()
-    overrides = [*pool_overrides(overrides or []), *(overrides or [])]
-    apply_overrides(repo_dir, overrides)
     nodes = select(read_graph(repo_dir), targets)
+    if gpu_slots is None:
+        gpu_slots = sum(node.gpu for node in nodes.values()) if pool else len(gpus) or max_parallel
+    if max_parallel < 1 or gpu_slots < 1:
+        raise PipelineError("max_parallel and gpu_slots must be at least 1")
+    target = None
+    if pool:  # checked before params.yaml changes: the workers get its changes as overrides
+        target = pool_target(repo_dir, pool, "pipeline-stage", tracking_uri(repo_dir), git_remote, remote)
+        overrides = target.overrides(overrides or [])
+    else:
+        overrides = [*pool_overrides(overrides or []), *(overrides or [])]
+    apply_overrides(repo_dir, overrides)
     logger.info("%d stages from %s/dvc.yaml", len(nodes), repo_dir)
     with _parent_run(repo_dir, targets, overrides) as env:
         if remote:
             pulled = dvc(repo_dir, "pull", "--allow-missing", "--remote", remote, *nodes)
             if pulled.returncode != 0:
                 raise PipelineError(f"dvc pull from '{remote}' failed: {last_line(pulled.stderr)}")
-        summary = schedule(repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env, gpus)
+        summary = schedule(
+            repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env, gpus, target, overrides
+        )
         if remote and summary.ran:
             pushed = dvc(repo_dir, "push", "--remote", remote, *summary.ran)
             if pushed.returncode != 0:
@@ -420,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-parallel", type=int, help="stages at once (default: GPUs seen, or 1)")
     parser.add_argument("--gpu-slots", type=int, help="stages with meta.gpu at once (default: GPUs seen)")
     parser.add_argument("--remote", help="a DVC remote to pull from first and push to at the end")
+    parser.add_argument("--pool", help="run the stages with meta.gpu as flow runs on this Prefect work pool")
+    parser.add_argument("--git-remote", default="origin", help="with --pool: the git remote (default origin)")
     args = parser.parse_args(argv)
 
     def body() -> str:
@@ -433,6 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_parallel=args.max_parallel,
             gpu_slots=args.gpu_slots,
             remote=args.remote,
+            pool=args.pool,
+            git_remote=args.git_remote,
         )
         return Summary(**summary).line()
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from flows.pipeline import (
+from flows.common import (
     FlowFailed,
     PipelineError,
     cli,

@@ -8,7 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +20,17 @@ from tests.conftest import ROOT
 PROJECT_FILES = ["dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config", "pyproject.toml"]
 
 
-def make_project(path: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    """A git repo at `path` holding the project's pipeline; `edit` changes its params.yaml in place
+def make_project(
+    path: Path, edit: Callable[[dict[str, Any]], None] | None = None, packages: Sequence[str] = PACKAGES
+) -> Path:
+    """A git repo at `path` holding the project's pipeline (and `packages`: the stages' code, the
+    flows' too where workers load them from the checkout); `edit` changes its params.yaml in place
     before the first commit."""
     path.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, path / name)
-    for package in PACKAGES:
+    for package in packages:
         shutil.copytree(ROOT / package, path / package, ignore=shutil.ignore_patterns("__pycache__"))
     if edit is not None:
         params = yaml.safe_load((path / "params.yaml").read_text())
@@ -49,8 +52,8 @@ def tiny(params: dict[str, Any]) -> None:
     params["finetune"]["tasks"]["stsb"].update(max_train_rows=64, epochs=1)
 
 
-def tiny_project(path: Path) -> Path:
-    return make_project(path, tiny)
+def tiny_project(path: Path, packages: Sequence[str] = PACKAGES) -> Path:
+    return make_project(path, tiny, packages)
 
 
 def command_env(**env: str | None) -> dict[str, str]:

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +18,11 @@ import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.ablation import PRESETS, ablation, baseline_index, expand, point_overrides
-from flows.pipeline import PipelineError, StageFailed, pipeline, read_graph, select
+from flows.common import PipelineError
+from flows.pipeline import StageFailed, pipeline, read_graph, select
 from tests.conftest import DEFAULT_PARAMS, ROOT
 from tests.project import sh, tiny_project
+from tests.services import BIN, free_port, prefect, prefect_env, prefect_server, start, stop
 
 ALL_STAGES = {
     "sample",
@@ -38,7 +36,6 @@ ALL_STAGES = {
     "finetune_scratch@encoder_mlm-stsb",
     "evaluate",
 }
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
@@ -183,64 +180,15 @@ def test_bad_flow_input_is_one_line(project: Path) -> None:
     assert bad_model.stderr.strip().startswith("error: grid key 'models': ") and "'gpt9'" in bad_model.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(process: subprocess.Popen) -> int:
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        return process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        return process.wait()
-
-
 def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp_path: Path) -> None:
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "PYTHONPATH": str(ROOT),
-        "PREFECT_HOME": str(tmp_path / "prefect"),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
-        "PREFECT_WORKER_QUERY_SECONDS": "1",  # pick the run up at once (default: every 10 s)
-    }
-
-    def prefect(*args: str) -> str:
-        result = subprocess.run(
-            [str(BIN / "prefect"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
-        )
-        assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
-        return result.stdout
-
-    logs = tmp_path / "server.log"
-    server = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=logs.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    env = prefect_env(tmp_path / "prefect", free_port(), PYTHONPATH=str(ROOT))
+    server = prefect_server(env, tmp_path / "server.log")
     worker = None
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, logs.read_text()[-3000:]
-            time.sleep(1)
-        prefect("work-pool", "create", "cpu", "--type", "process")
-        prefect("--no-prompt", "deploy", "--name", "pipeline-cpu")
+        prefect(env, "work-pool", "create", "cpu", "--type", "process")
+        prefect(env, "--no-prompt", "deploy", "--name", "pipeline-cpu", cwd=ROOT)
         started = prefect(
+            env,
             "deployment",
             "run",
             "pipeline/pipeline-cpu",
@@ -250,27 +198,21 @@ def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp
             "retry_delay_s=0",
         )
         flow_run_id = next(line.split()[-1] for line in started.splitlines() if "UUID" in line)
-        worker = subprocess.Popen(
-            [str(BIN / "prefect"), "worker", "start", "--pool", "cpu"],
-            cwd=ROOT,
-            env=env,
-            stdout=(tmp_path / "worker.log").open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        worker_log = tmp_path / "worker.log"
+        worker = start([str(BIN / "prefect"), "worker", "start", "--pool", "cpu"], worker_log, env, cwd=ROOT)
         deadline = time.monotonic() + 300
         while True:
-            state = json.loads(prefect("flow-run", "inspect", flow_run_id, "--output", "json"))["state"]
+            state = json.loads(prefect(env, "flow-run", "inspect", flow_run_id, "--output", "json"))["state"]
             if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
                 break
-            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
             time.sleep(2)
-        assert state["type"] == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
-        assert "10 up to date" in (tmp_path / "worker.log").read_text()  # the summary, from the worker
+        assert state["type"] == "COMPLETED", worker_log.read_text()[-3000:]
+        assert "10 up to date" in worker_log.read_text()  # the summary, from the worker
     finally:
         if worker is not None:
-            _stop(worker)
-        _stop(server)
+            stop(worker)
+        stop(server)
     assert worker.poll() is not None and server.poll() is not None
 
 

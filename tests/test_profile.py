@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from flows import profile
-from flows.pipeline import PipelineError
+from flows.common import PipelineError
 from tests.conftest import ROOT
 from tests.project import sh, tiny_project
 

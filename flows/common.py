@@ -1,0 +1,103 @@
+"""What the flows share: their errors and command line, params overrides as `dvc exp run -S` takes
+them, and running DVC with this interpreter's tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from stages.common import StageError
+from stages.params import read_params_yaml
+
+# params overrides from the environment: a work pool's job variables carry its device settings
+PARAMS_OVERRIDES_ENV = "LMPIPE_PARAMS_OVERRIDES"
+
+
+class PipelineError(Exception):
+    """Bad flow input (unknown stage or params key): one line, no traceback."""
+
+
+class FlowFailed(Exception):
+    """The flow ran and some of its work failed: one line, exit code 1."""
+
+
+def cli(body: Callable[[], str]) -> int:
+    """A flow's command line: `body()` returns what to print on success; bad input is one line and
+    exit code 2, failed work one line and exit code 1."""
+    try:
+        print(body())
+    except (PipelineError, StageError) as exc:  # StageError: params.yaml itself is wrong
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except FlowFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def check_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
+    """Every `key=value` names a key of params.yaml (`+key=` adds one, `~key` deletes one, as in DVC)."""
+    params_file = repo_dir / "params.yaml"
+    params = read_params_yaml(params_file) or {}
+    for override in overrides:
+        key, sep, _ = override.partition("=")
+        if key.startswith(("+", "~")):
+            continue
+        if not sep:
+            raise PipelineError(f"params override '{override}' is not key=value")
+        node: Any = params
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                raise PipelineError(f"params override '{override}': {params_file} has no key '{key}'")
+            node = node[part]
+
+
+def pool_overrides(explicit: Sequence[str] = ()) -> list[str]:
+    """LMPIPE_PARAMS_OVERRIDES (space-separated key=value), minus the keys given explicitly."""
+    given = {o.partition("=")[0].lstrip("+~") for o in explicit}
+    pool = os.environ.get(PARAMS_OVERRIDES_ENV, "").split()
+    return [o for o in pool if o.partition("=")[0].lstrip("+~") not in given]
+
+
+def hydra_value(value: Any) -> str:
+    """A value as `dvc exp run -S key=<value>` parses it back to the same YAML value."""
+    if isinstance(value, list):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)  # strings (quoted), numbers, true/false, null
+
+
+def apply_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
+    """`key=value` into params.yaml with the semantics of `dvc exp run -S`."""
+    if overrides:
+        from dvc.utils.hydra import apply_overrides as dvc_apply
+
+        check_overrides(repo_dir, overrides)
+        dvc_apply(str(repo_dir / "params.yaml"), list(overrides))
+
+
+def stage_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    # stage commands say `python`: the interpreter of this flow, as when DVC runs from this venv
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "DVC_NO_ANALYTICS": "1", **(extra or {})}
+
+
+def dvc(repo_dir: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", "--wait-for-lock", *args],
+        cwd=repo_dir,
+        env=stage_env(env),
+        capture_output=True,
+        text=True,
+    )
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"

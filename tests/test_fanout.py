@@ -1,0 +1,284 @@
+"""Fan-out across machines, simulated on one: a bare git repository as the git remote, a folder as the
+DVC remote, one MLflow server and one Prefect server on free 127.0.0.1 ports, and two process workers,
+each in its own clone of the project with its own DVC cache, so nothing is shared but the remotes. A
+2-point sweep with --pool runs one point on each worker and compares exactly as the same sweep run
+locally; a worker killed in the middle of a point has the point run again on the other one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+
+from flows.common import PipelineError
+from flows.dispatch import Refused, checked_in, checkout
+from stages.codedeps import PACKAGES
+from tests.conftest import ROOT
+from tests.project import sh, tiny_project
+from tests.services import (
+    BIN,
+    free_port,
+    kill_machine,
+    prefect,
+    prefect_env,
+    prefect_server,
+    start,
+    stop,
+    wait_until_up,
+)
+
+WORKERS = ("w1", "w2")
+
+
+@dataclass(frozen=True)
+class Site:
+    root: Path
+    project: Path  # where the user starts sweeps
+    clones: dict[str, Path]  # each worker's checkout
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
+    """The project with its baseline reproduced, committed and pushed; the workers' clones of it."""
+    root = tmp_path_factory.mktemp("fanout")
+    origin = root / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+    project = tiny_project(root / "project", packages=(*PACKAGES, "flows"))
+    sh(project, "dvc", "remote", "add", "-d", "shared", str(root / "dvc-remote"))
+    sh(project, "dvc", "repro")
+    sh(project, "git", "add", "-A")
+    sh(project, "git", "commit", "-qm", "baseline reproduced, DVC remote")
+    sh(project, "git", "remote", "add", "origin", str(origin))
+    sh(project, "git", "push", "-q", "origin", "main")
+    clones = {}
+    for name in WORKERS:
+        clones[name] = root / name
+        subprocess.run(["git", "clone", "-q", str(origin), str(clones[name])], check=True)
+    return Site(root, project, clones)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    env: dict[str, str]  # of the user's shell: the Prefect server, the MLflow server
+    workers: dict[str, subprocess.Popen]
+    logs: Path
+
+
+@pytest.fixture
+def cluster(site: Site, tmp_path: Path) -> Iterator[Cluster]:
+    """The servers, the pool with its point deployment, one worker per clone (one run at a time each,
+    as on a one-GPU machine); all stopped at the end of the test."""
+    mlflow_port = free_port()
+    tracking = f"http://127.0.0.1:{mlflow_port}"
+    env = prefect_env(tmp_path / "prefect", free_port(), MLFLOW_TRACKING_URI=tracking)
+    processes: list[subprocess.Popen] = []
+    try:
+        log = tmp_path / "mlflow.log"
+        server = start(
+            [
+                str(BIN / "mlflow"),
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(mlflow_port),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{site.root / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(site.root / "mlartifacts"),
+            ],
+            log,
+            env,
+        )
+        processes.append(server)
+        wait_until_up(f"{tracking}/health", server, log)
+        processes.append(prefect_server(env, tmp_path / "prefect.log"))
+        prefect(env, "work-pool", "create", "cpu", "--type", "process")
+        for deployment in ("ablation-point-cpu", "pipeline-stage-cpu"):
+            prefect(env, "--no-prompt", "deploy", "--name", deployment, cwd=ROOT)
+        workers = {}
+        for name, clone in site.clones.items():
+            worker_env = {**env, "LMPIPE_CHECKOUT": str(clone), "PYTHONPATH": str(clone)}
+            command = [
+                str(BIN / "prefect"),
+                "worker",
+                "start",
+                "--pool",
+                "cpu",
+                "--name",
+                name,
+                "--limit",
+                "1",
+            ]
+            workers[name] = start(command, tmp_path / f"{name}.log", worker_env, cwd=clone)
+            processes.append(workers[name])
+        yield Cluster(env, workers, tmp_path)
+    finally:
+        for process in reversed(processes):
+            stop(process)
+    assert all(process.poll() is not None for process in processes)
+
+
+def flow_runs(env: dict[str, str], name_like: str) -> list[dict]:
+    """The flow runs whose name contains `name_like`, from the server's REST API."""
+    request = urllib.request.Request(
+        env["PREFECT_API_URL"] + "/flow_runs/filter",
+        data=json.dumps({"flow_runs": {"name": {"like_": name_like}}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def sweep(site: Site, cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.ablation", *args],
+        cwd=site.project,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def logs(cluster: Cluster) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(cluster.logs.glob("*.log")))
+
+
+@pytest.mark.slow
+def test_a_pooled_sweep_runs_a_point_on_each_worker_and_compares_as_locally(
+    site: Site, cluster: Cluster
+) -> None:
+    grid = json.dumps({"objectives.mlm.mask_rate": [0.1, 0.3]})
+    pooled = sweep(site, cluster, "--grid", grid, "--name", "pooled", "--pool", "cpu", "--max-parallel", "2")
+    assert pooled.returncode == 0, f"{pooled.stdout}\n{pooled.stderr}\n{logs(cluster)}"
+
+    runs = {run["name"]: run for run in flow_runs(cluster.env, "pooled-")}
+    assert set(runs) == {"pooled-1-try1", "pooled-2-try1"}
+    assert {run["state_type"] for run in runs.values()} == {"COMPLETED"}
+    assert {run["labels"]["prefect.worker.name"] for run in runs.values()} == set(WORKERS)
+
+    local = sweep(site, cluster, "--grid", grid, "--name", "local", "--max-parallel", "2")
+    assert local.returncode == 0, f"{local.stdout}\n{local.stderr}"
+    reports = site.project / "reports/ablation"
+    pooled_table = pd.read_csv(reports / "pooled/comparison.csv").drop(columns="experiment")
+    local_table = pd.read_csv(reports / "local/comparison.csv").drop(columns="experiment")
+    pd.testing.assert_frame_equal(pooled_table, local_table)  # the same numbers, verdicts and losses
+
+    summary = (reports / "pooled/comparison.md").read_text()
+    assert "Points ran on work pool `cpu`" in summary
+    for name, run in runs.items():
+        experiment = name.removesuffix("-try1")
+        assert f"| {experiment} | completed on {run['labels']['prefect.worker.name']} |" in summary
+
+    # the experiments went through the git remote; the parent run link holds across machines
+    remote_refs = sh(site.project, "git", "ls-remote", "origin").stdout
+    assert "pooled-1" in remote_refs and "pooled-2" in remote_refs
+    client = mlflow.MlflowClient(cluster.env["MLFLOW_TRACKING_URI"])
+    experiment_id = client.get_experiment_by_name("lmpipe").experiment_id
+    [parent] = client.search_runs([experiment_id], "tags.sweep = 'pooled' and tags.stage = 'ablation'")
+    points = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert {p.data.tags["worker"] for p in points} == set(WORKERS)
+    for point in points:
+        float(point.data.tags["dispatch_s"])
+        stages = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{point.info.run_id}'")
+        assert {run.data.tags["stage"] for run in stages} == {"pretrain", "finetune", "evaluate"}
+    print(summary)  # the dispatch figures the README quotes (pytest -s)
+
+
+@pytest.mark.slow
+def test_a_point_whose_worker_dies_runs_again_on_the_other(site: Site, cluster: Cluster) -> None:
+    grid = json.dumps({"objectives.mlm.mask_rate": [0.2]})
+    command = [sys.executable, "-m", "flows.ablation", "--grid", grid, "--name", "crash", "--pool", "cpu"]
+    parent = start(command, cluster.logs / "sweep.log", cluster.env, cwd=site.project)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            running = [r for r in flow_runs(cluster.env, "crash-1-try1") if r["state_type"] == "RUNNING"]
+            if running:
+                break
+            assert parent.poll() is None and time.monotonic() < deadline, logs(cluster)
+            time.sleep(1)
+        time.sleep(5)  # into the point's work
+        victim = running[0]["labels"]["prefect.worker.name"]
+        kill_machine(cluster.workers[victim])
+        assert parent.wait(timeout=600) == 0, logs(cluster)
+    finally:
+        stop(parent)
+    [survivor] = set(WORKERS) - {victim}
+    runs = {run["name"]: run for run in flow_runs(cluster.env, "crash-1-")}
+    assert runs["crash-1-try1"]["state_type"] == "CRASHED"
+    assert runs["crash-1-try2"]["state_type"] == "COMPLETED"
+    assert runs["crash-1-try2"]["labels"]["prefect.worker.name"] == survivor
+    summary = (site.project / "reports/ablation/crash/comparison.md").read_text()
+    assert f"| crash-1 | crashed on {victim}: " in summary and f"; then completed on {survivor} |" in summary
+
+
+def test_workers_run_only_the_pushed_commit(
+    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent refuses uncommitted or unpushed work; a worker refuses a commit it is not at."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(site.root / "origin.git"), str(clone)], check=True)
+    head = sh(clone, "git", "rev-parse", "HEAD").stdout.strip()
+    assert checked_in(clone, "origin") == head
+
+    (clone / "params.yaml").write_text((clone / "params.yaml").read_text() + "\n# edited\n")
+    with pytest.raises(PipelineError, match=r"^--pool: .* has uncommitted changes \(M params.yaml\)"):
+        checked_in(clone, "origin")
+    sh(clone, "git", "commit", "-qam", "local only")
+    with pytest.raises(PipelineError, match=r"is not on git remote 'origin': push it first$"):
+        checked_in(clone, "origin")
+
+    monkeypatch.chdir(clone)
+    with pytest.raises(
+        Refused, match=rf"checkout {clone} is at \w{{12}}, the run needs {head[:12]}: update it"
+    ):
+        checkout(head)
+    assert checkout(sh(clone, "git", "rev-parse", "HEAD").stdout.strip()) == clone
+
+
+@pytest.mark.slow
+def test_a_pooled_pipeline_runs_its_gpu_stages_on_the_workers(site: Site, cluster: Cluster) -> None:
+    def pipeline() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "flows.pipeline", "--pool", "cpu", "-S", "pretrain.lr=0.002"],
+            cwd=site.project,
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+
+    try:
+        first = pipeline()
+        assert first.returncode == 0, f"{first.stdout}\n{first.stderr}\n{logs(cluster)}"
+        # pretraining and its fine-tune changed; the scratch baseline did not, evaluate runs here
+        assert first.stdout.strip().splitlines()[-1].startswith("3 ran, 7 up to date")
+        runs = flow_runs(cluster.env, "stage-")
+        assert sorted(run["name"].rsplit("-", 1)[0].split("-", 2)[-1] for run in runs) == [
+            "finetune.encoder_mlm-stsb",
+            "pretrain.encoder_mlm",
+        ]
+        assert {run["state_type"] for run in runs} == {"COMPLETED"}
+        assert {run["labels"]["prefect.worker.name"] for run in runs} <= set(WORKERS)
+        assert sh(site.project, "dvc", "status", "--json").stdout.strip() == "{}"  # dvc.lock has them
+
+        second = pipeline()
+        assert second.returncode == 0, f"{second.stdout}\n{second.stderr}"
+        assert second.stdout.strip().splitlines()[-1].startswith("0 ran, 10 up to date")
+        assert len(flow_runs(cluster.env, "stage-")) == len(runs)  # nothing dispatched
+    finally:  # the baseline again, for the other tests
+        sh(site.project, "git", "checkout", "params.yaml", "dvc.lock")
+        sh(site.project, "dvc", "checkout", "--force")

@@ -41,6 +41,7 @@ from flows.common import (
     check_overrides,
     cli,
     dvc,
+    error_line,
     hydra_value,
     last_line,
     pool_overrides,
@@ -142,7 +143,7 @@ def run_point(repo_dir: Path, point: Point, tracking_uri: str) -> dict[str, Any]
     ran = re.findall(r"Running stage '([^']+)'", result.stdout + result.stderr)
     logger.info("%s: ran %s", point.experiment, ", ".join(ran) or "nothing (all cached)")
     if result.returncode != 0:
-        raise RuntimeError(f"{point.experiment}: {last_line(result.stderr or result.stdout)}")
+        raise RuntimeError(f"{point.experiment}: {error_line(result.stderr or result.stdout)}")
     return {**outputs(repo_dir, point.experiment), "seconds": time.perf_counter() - started}
 
 
@@ -422,7 +423,7 @@ def ablation(
     on_profile = profiles.overrides(profile, corpus, glue) if profile else []
     overrides = [[*on_profile, *point_overrides(point, params, params_file)] for point in values]
     origin = f"profile {profile}" if profile else str(params_file)
-    synthetic = profiles.validate(repo_dir, overrides[0], origin).glue.synthetic
+    synthetic = [profiles.validate(repo_dir, o, origin) for o in overrides][0].glue.synthetic
     keys = list(dict.fromkeys(key for point in values for key in point))
     swept = [key for key in keys if len({json.dumps(p.get(key), sort_keys=True) for p in values}) > 1]
     base = baseline_index(values, baseline, preset)

@@ -101,3 +101,10 @@ def dvc(repo_dir: Path, *args: str, env: Mapping[str, str] | None = None) -> sub
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
+
+
+def error_line(text: str) -> str:
+    """What went wrong in a command's output: the last line a stage printed as `error: …` (its
+    one-line message, which DVC follows with its own `failed to reproduce`), else the last line."""
+    errors = [line.strip() for line in text.splitlines() if line.startswith("error: ")]
+    return errors[-1] if errors else last_line(text)

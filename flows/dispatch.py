@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from prefect import flow, get_run_logger
 
-from flows.common import PARAMS_OVERRIDES_ENV, PipelineError, dvc, hydra_value, last_line
+from flows.common import PARAMS_OVERRIDES_ENV, PipelineError, dvc, error_line, hydra_value, last_line
 from stages.params import read_params_yaml
 from stages.tracking import child_env
 
@@ -177,6 +177,12 @@ class Attempt:
         return f"{text}: {self.message}" if self.state != "COMPLETED" and self.message else text
 
 
+def _reason(message: str | None) -> str:
+    """A state message without Prefect's preamble: from a stage's `error:` line when there is one."""
+    line = last_line(message) if message else ""
+    return line[line.index("error: ") :] if "error: " in line else line
+
+
 class DispatchFailed(RuntimeError):
     def __init__(self, label: str, attempts: Sequence[Attempt]) -> None:
         super().__init__(f"{label}: " + "; then ".join(a.line() for a in attempts))
@@ -206,7 +212,7 @@ def dispatch(
             flow_run=flow_run.name,
             worker=(flow_run.labels or {}).get(WORKER_LABEL, "no worker"),
             state=state.type.value if state else "UNKNOWN",
-            message=last_line(state.message or "") if state and state.message else "",
+            message=_reason(state.message if state else None),
         )
         attempts.append(attempt)
         logger.info("%s: attempt %d %s", label, number, attempt.line())
@@ -293,7 +299,7 @@ def run_dvc(here: Path, *args: str, env: Mapping[str, str] | None = None) -> str
     result = dvc(here, *args, env=env)
     if result.returncode != 0:
         raise RuntimeError(
-            f"dvc {args[0]} {args[1] if len(args) > 1 else ''}: {last_line(result.stderr or result.stdout)}"
+            f"dvc {args[0]} {args[1] if len(args) > 1 else ''}: {error_line(result.stderr or result.stdout)}"
         )
     return result.stdout + result.stderr
 

@@ -18,9 +18,11 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
+import yaml
+from dvc.utils.hydra import apply_overrides
 
 from flows.common import PipelineError
-from flows.dispatch import Refused, checked_in, checkout
+from flows.dispatch import Refused, checked_in, checkout, params_diff
 from stages.codedeps import PACKAGES
 from tests.conftest import ROOT
 from tests.project import sh, tiny_project
@@ -293,3 +295,23 @@ def test_a_pooled_pipeline_runs_its_gpu_stages_on_the_workers(site: Site, cluste
     finally:  # the baseline again, for the other tests
         sh(site.project, "git", "checkout", "params.yaml", "dvc.lock")
         sh(site.project, "dvc", "checkout", "--force")
+
+
+def test_uncommitted_params_travel_as_overrides_that_rebuild_them(tmp_path: Path) -> None:
+    committed = {
+        "pretrain": {"lr": 0.001, "models": {}},
+        "models": {"encoder_mlm": {"arch": "encoder"}, "decoder_clm": {"arch": "decoder"}},
+        "glue": {"tasks": ["sst2", "cola"], "path": "a b"},
+    }
+    workspace = {
+        "pretrain": {"lr": 0.002, "models": {"encoder_mlm": {"max_steps": 30}}},
+        "models": {"encoder_mlm": {"arch": "encoder"}},
+        "glue": {"tasks": ["sst2"], "path": "a b"},
+        "seed": 7,
+    }
+    overrides = params_diff(committed, workspace)
+    assert "~models.decoder_clm" in overrides and "pretrain.lr=0.002" in overrides
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(committed))
+    apply_overrides(str(tmp_path / "params.yaml"), overrides)  # as `dvc exp run -S` applies them
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text()) == workspace
+    assert params_diff(workspace, workspace) == []

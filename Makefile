@@ -29,7 +29,7 @@ else
 	@echo "Pretrained models: checkpoints/*/final. Every run: mlflow ui --backend-store-uri sqlite:///mlflow.db"
 endif
 
-# PYTEST_ARGS='-m "not slow"' leaves out the slow tier (about 2 of the suite's 11 minutes)
+# PYTEST_ARGS='-m "not slow"' leaves out the slow tier (real-text learning, resume, DDP, compile, fan-out)
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -423,7 +423,8 @@ def ablation(
     on_profile = profiles.overrides(profile, corpus, glue) if profile else []
     overrides = [[*on_profile, *point_overrides(point, params, params_file)] for point in values]
     origin = f"profile {profile}" if profile else str(params_file)
-    synthetic = [profiles.validate(repo_dir, o, origin) for o in overrides][0].glue.synthetic
+    validated = [profiles.validate(repo_dir, point, origin) for point in overrides]  # every point, up front
+    synthetic = validated[0].glue.synthetic
     keys = list(dict.fromkeys(key for point in values for key in point))
     swept = [key for key in keys if len({json.dumps(p.get(key), sort_keys=True) for p in values}) > 1]
     base = baseline_index(values, baseline, preset)
@@ -547,8 +548,8 @@ def _run_points(
     target: Target | None = None,
 ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     logger = get_run_logger()
-    # a crashed point runs again as often as the graph's most patient stage (meta.retries)
-    retries = max((node.retries for node in read_graph(repo_dir).values()), default=0)
+    # on a pool, a crashed point runs again as often as the graph's most patient stage (meta.retries)
+    retries = max((node.retries for node in read_graph(repo_dir).values()), default=0) if target else 0
     results: dict[int, dict[str, Any]] = {}
     failed: dict[int, str] = {}
     waiting = list(points)

@@ -98,6 +98,14 @@ def dvc(repo_dir: Path, *args: str, env: Mapping[str, str] | None = None) -> sub
     )
 
 
+def dvc_checked(repo_dir: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
+    """`dvc <args>` that must succeed: its output, else RuntimeError with the line that says why."""
+    result = dvc(repo_dir, *args, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"dvc {' '.join(args[:2])}: {error_line(result.stderr or result.stdout)}")
+    return result.stdout + result.stderr
+
+
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"

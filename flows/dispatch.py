@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from prefect import flow, get_run_logger
 
-from flows.common import PARAMS_OVERRIDES_ENV, PipelineError, dvc, error_line, hydra_value, last_line
+from flows.common import PARAMS_OVERRIDES_ENV, PipelineError, dvc, dvc_checked, hydra_value, last_line
 from stages.params import read_params_yaml
 from stages.tracking import child_env
 
@@ -105,6 +105,11 @@ def tracking_server(uri: str) -> str:
     return uri
 
 
+def deployment_name(flow_name: str, pool: str) -> str:
+    """prefect.yaml's deployment of a dispatched flow on a pool: `<flow>/<flow>-<pool>`."""
+    return f"{flow_name}/{flow_name}-{pool}"
+
+
 @dataclass(frozen=True)
 class Target:
     """Where dispatched work runs: a work pool, the remotes it shares results through, the commit."""
@@ -118,7 +123,7 @@ class Target:
     workspace_overrides: tuple[str, ...] = ()  # params.yaml's uncommitted changes
 
     def deployment(self, flow_name: str) -> str:
-        return f"{flow_name}/{flow_name}-{self.pool}"
+        return deployment_name(flow_name, self.pool)
 
     def dvc_remote_args(self) -> list[str]:
         return ["--remote", self.dvc_remote] if self.dvc_remote else []
@@ -142,7 +147,7 @@ def pool_target(
     from prefect.exceptions import ObjectNotFound
 
     revision = checked_in(repo_dir, git_remote)
-    deployment = f"{flow_name}/{flow_name}-{pool}"
+    deployment = deployment_name(flow_name, pool)
     with get_client(sync_client=True) as client:
         try:
             found = client.read_deployment_by_name(deployment)
@@ -295,18 +300,10 @@ def checkout(revision: str) -> Path:
     return here
 
 
-def run_dvc(here: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
-    result = dvc(here, *args, env=env)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"dvc {args[0]} {args[1] if len(args) > 1 else ''}: {error_line(result.stderr or result.stdout)}"
-        )
-    return result.stdout + result.stderr
-
-
 def experiment_on_worker(
     experiment: str,
-    dvc_args: Sequence[str],
+    overrides: Sequence[str],
+    targets: Sequence[str],
     *,
     revision: str,
     parent_run_id: str,
@@ -322,7 +319,7 @@ def experiment_on_worker(
     here = checkout(revision)
     remote = ["--remote", dvc_remote] if dvc_remote else []
     # the run history of every machine, so that stages another one ran are restored, not re-run
-    run_dvc(here, "pull", "--run-cache", "--allow-missing", *remote)
+    dvc_checked(here, "pull", "--run-cache", "--allow-missing", *remote)
     uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
     env = child_env(parent_run_id, uri)
     dvc(here, "exp", "remove", experiment)  # a failed earlier attempt's on this machine, if any
@@ -334,10 +331,13 @@ def experiment_on_worker(
         client = mlflow.MlflowClient(uri)
         client.set_tag(parent_run_id, "worker", worker_name())
         client.set_tag(parent_run_id, DISPATCH_TAG, f"{waited:.1f}")
-    output = run_dvc(here, "exp", "run", "--temp", "--pull", "--name", experiment, *dvc_args, env=env)
+    sets = [arg for override in overrides for arg in ("-S", override)]
+    output = dvc_checked(
+        here, "exp", "run", "--temp", "--pull", "--name", experiment, *sets, *targets, env=env
+    )
     ran = [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
     logger.info("%s: ran %s", experiment, ", ".join(ran) or "nothing (all cached)")
-    run_dvc(here, "exp", "push", "--force", "--run-cache", *remote, git_remote, experiment)
+    dvc_checked(here, "exp", "push", "--force", "--run-cache", *remote, git_remote, experiment)
     return ran
 
 
@@ -355,10 +355,10 @@ def ablation_point(
     """One point of a sweep on this worker: `dvc exp run --temp --name <experiment> -S ...`, pushed.
     `overrides` are complete (the parent put the pool's device settings in), so the parent knows
     every param of the run."""
-    dvc_args = [arg for override in overrides for arg in ("-S", override)]
     return experiment_on_worker(
         experiment,
-        dvc_args,
+        overrides,
+        [],
         revision=revision,
         parent_run_id=parent_run_id,
         tracking_uri=tracking_uri,
@@ -384,10 +384,10 @@ def pipeline_stage(
     """One stage of the parent's pipeline (and whatever of its upstream the run cache does not
     restore) on this worker, as the experiment `experiment`; pushed with its run cache, which is how
     the parent's `dvc repro` restores the stage without running it."""
-    dvc_args = [*(arg for override in overrides for arg in ("-S", override)), stage]
     return experiment_on_worker(
         experiment,
-        dvc_args,
+        overrides,
+        [stage],
         revision=revision,
         parent_run_id=parent_run_id,
         tracking_uri=tracking_uri,

@@ -38,6 +38,7 @@ from flows.common import (
     check_overrides,
     cli,
     dvc,
+    dvc_checked,
     last_line,
     pool_overrides,
     stage_env,
@@ -214,7 +215,7 @@ def run_stage_on_pool(
     if recheck and node.name not in changed(repo_dir, [node.name]):
         return StageResult(node.name, False, time.perf_counter() - started)
     remote = target.dvc_remote_args()
-    _dvc_or_fail(repo_dir, "push", "--run-cache", *remote, *node.upstream)  # what the worker needs
+    dvc_checked(repo_dir, "push", "--run-cache", *remote, *node.upstream)  # what the worker needs
     parent_run_id = env.get(PARENT_RUN_ENV) or os.environ.get(PARENT_RUN_ENV, "")
     experiment = re.sub(r"[^A-Za-z0-9_.-]", ".", f"stage-{parent_run_id[:8]}-{node.name}")
     parameters = {
@@ -228,22 +229,15 @@ def run_stage_on_pool(
         "dvc_remote": target.dvc_remote,
     }
     attempts = dispatch(target, "pipeline-stage", parameters, experiment, node.retries)
-    _dvc_or_fail(repo_dir, "exp", "pull", "--force", "--run-cache", *remote, target.git_remote, experiment)
-    dry = _dvc_or_fail(repo_dir, "repro", "--single-item", "--dry", node.name)
+    dvc_checked(repo_dir, "exp", "pull", "--force", "--run-cache", *remote, target.git_remote, experiment)
+    dry = dvc_checked(repo_dir, "repro", "--single-item", "--dry", node.name)
     if "is cached - skipping run" not in dry:  # never run a GPU stage here by mistake
         raise RuntimeError(
             f"the run cache from {attempts[-1].worker} does not match this workspace's {node.name}"
         )
-    _dvc_or_fail(repo_dir, "repro", "--single-item", node.name)
+    dvc_checked(repo_dir, "repro", "--single-item", node.name)
     where = "; then ".join(a.line() for a in attempts)
     return StageResult(node.name, True, time.perf_counter() - started, where)
-
-
-def _dvc_or_fail(repo_dir: Path, *args: str) -> str:
-    result = dvc(repo_dir, *args)
-    if result.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args[:2])}: {last_line(result.stderr or result.stdout)}")
-    return result.stdout + result.stderr
 
 
 def schedule(

@@ -49,8 +49,9 @@ from flows.common import (
 )
 from flows.dispatch import DISPATCH_TAG, Target, dispatch, pool_target
 from flows.pipeline import read_graph
-from stages.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve
-from stages.params import read_params_yaml, tracking_experiment
+from stages.common import StageError
+from stages.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve, pretrain_metrics
+from stages.params import Params, read_params_yaml, tracking_experiment
 from stages.tracking import FlowTracking, child_env, git_commit
 
 MODELS_KEY = "models"  # a grid key of its own: which model variants of params.yaml a point trains
@@ -74,6 +75,9 @@ BASELINES: dict[str, dict[str, Any]] = {
     "architecture": {MODELS_KEY: "encoder_mlm"},
     "span_density": {"objectives.span.noise_density": 0.15},
 }
+# presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
+# spends on its step budget (T5 compares objectives and architectures that way)
+EQUAL_FLOPS = {"architecture"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
 
 
@@ -88,6 +92,28 @@ def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> l
     if not points or not all(points):
         raise PipelineError("grid: give at least one point, each with at least one key")
     return points
+
+
+def equal_flops_budget(points: Sequence[Params], base: int) -> tuple[float, str]:
+    """The FLOPs every point gets: what the baseline point's one model spends on its step budget; and
+    that in words. Every model of every point must afford its warmup on it."""
+    from stages.pretrain import planned_train_flops
+
+    baseline = points[base]
+    if len(baseline.models) != 1:
+        raise PipelineError(f"equal FLOPs: the baseline point trains {len(baseline.models)} models, not one")
+    (model,) = baseline.models
+    budget = planned_train_flops(baseline, model, baseline.tokenizer.vocab_size)
+    steps = baseline.pretrain_of(model).max_steps
+    for params in points:
+        pretrain = params.pretrain.model_copy(update={"max_flops": budget})
+        equal = params.model_copy(update={"pretrain": pretrain})
+        for name in params.models:
+            try:
+                planned_train_flops(equal, name, params.tokenizer.vocab_size)
+            except StageError as exc:
+                raise PipelineError(f"equal FLOPs: {exc}") from None
+    return float(budget), f"{budget:.3g} FLOPs each, what {model} spends on its {steps} steps"
 
 
 def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_file: Path) -> list[str]:
@@ -180,8 +206,9 @@ def outputs(repo_dir: Path, experiment: str) -> dict[str, Any]:
     curves = {
         model: pd.read_csv(io.StringIO(_read(repo_dir, pretrain_curve(model), experiment))) for model in glue
     }
+    pretrain = {model: json.loads(_read(repo_dir, pretrain_metrics(model), experiment)) for model in glue}
     predictions = pd.read_parquet(io.BytesIO(_read(repo_dir, PREDICTIONS, experiment, "rb")))
-    return {"glue": glue, "curves": curves, "predictions": predictions}
+    return {"glue": glue, "curves": curves, "pretrain": pretrain, "predictions": predictions}
 
 
 def _read(repo_dir: Path, path: Path, experiment: str, mode: str = "r") -> Any:
@@ -267,6 +294,8 @@ def comparison(
                 row[f"{prefix}_low"] = found.low if found else float("nan")
                 row[f"{prefix}_high"] = found.high if found else float("nan")
                 row[f"{prefix}_verdict"] = found.verdict if found else status
+            pretrain = results[point.index]["pretrain"][model]
+            row["pretrain_steps"], row["train_flops"] = pretrain["steps"], pretrain["train_flops"]
             curve = results[point.index]["curves"][model]["train_loss"].dropna()
             row["final_train_loss"] = float(curve.iloc[-1]) if len(curve) else float("nan")
             rows.append(row)
@@ -290,7 +319,14 @@ def task_columns(table: pd.DataFrame) -> list[str]:
     return [c[: -len("_vs_baseline_verdict")] for c in table.columns if c.endswith("_vs_baseline_verdict")]
 
 
-def markdown(table: pd.DataFrame, sweep: str, swept: Sequence[str], synthetic: bool, baseline: Point) -> str:
+def markdown(
+    table: pd.DataFrame,
+    sweep: str,
+    swept: Sequence[str],
+    synthetic: bool,
+    baseline: Point,
+    compute: str | None = None,
+) -> str:
     from stages.significance import METHOD
 
     tasks = task_columns(table)
@@ -301,16 +337,20 @@ def markdown(table: pd.DataFrame, sweep: str, swept: Sequence[str], synthetic: b
         f"`{label(baseline.values, swept)}` ({baseline.experiment}), the same model (or its only model). "
         f"Intervals are 95 %, from a {METHOD}; `better`/`worse` when the interval excludes 0.\n"
     )
+    if compute:
+        header += f"\nEqual compute: every point pretrains on a budget of {compute}.\n"
     if synthetic:
         header += "\n> **Synthetic data** (offline default profile): shows the pipeline, not the papers.\n"
     columns = ["experiment", *swept, "model", "GLUE average", *tasks, "Δ vs scratch", "Δ vs baseline"]
-    lines = ["| " + " | ".join(columns) + " | final train loss |", "|" + "---|" * (len(columns) + 1)]
+    columns += ["pretrain steps", "pretrain FLOPs", "final train loss"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in table.to_dict("records"):
         cells = [row["experiment"], *(str(row[k]) for k in swept), row["model"]]
         cells += [f"{row['glue_average']:.2f} ± {row['glue_average_std']:.2f}"]
         cells += [f"{row[t]:.2f} ± {row[f'{t}_std']:.2f}" for t in tasks]
         cells += [_interval(row, "delta_average")]
-        cells += [_interval(row, "vs_baseline"), f"{row['final_train_loss']:.3f}"]
+        cells += [_interval(row, "vs_baseline"), f"{row['pretrain_steps']}", f"{row['train_flops']:.3g}"]
+        cells += [f"{row['final_train_loss']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Per task, Δ vs baseline:", ""]
     lines += ["| experiment | model | " + " | ".join(tasks) + " |", "|---|---|" + "---|" * len(tasks)]
@@ -428,6 +468,10 @@ def ablation(
     keys = list(dict.fromkeys(key for point in values for key in point))
     swept = [key for key in keys if len({json.dumps(p.get(key), sort_keys=True) for p in values}) > 1]
     base = baseline_index(values, baseline, preset)
+    compute = None
+    if preset in EQUAL_FLOPS:
+        budget, compute = equal_flops_budget(validated, base)
+        overrides = [[*point, f"pretrain.max_flops={budget!r}"] for point in overrides]
     if max_parallel < 1:
         raise PipelineError("max_parallel must be at least 1")
 
@@ -469,7 +513,7 @@ def ablation(
     table = comparison(points, results, swept, points[base], int(params.get("seed", 0)))
     if len(table):
         out.mkdir(parents=True, exist_ok=True)
-        text = markdown(table, sweep, swept, synthetic, points[base])
+        text = markdown(table, sweep, swept, synthetic, points[base], compute)
         if target is not None:
             text += where_points_ran(points, results, failed, target, tracking)
         table.to_csv(out / "comparison.csv", index=False)

@@ -203,6 +203,8 @@ class PretrainModule(L.LightningModule):
         self.special = SpecialIds()
         self.history: list[dict[str, float]] = []
         self._last_log: tuple[float, int] | None = None
+        self.step_flops: int | None = None  # one micro-batch's FLOPs (models.flops), set by the stage
+        self.peak_flops: float | None = None  # the device's bf16 peak, when known: MFU
 
     def configure_model(self) -> None:
         if self.compile:
@@ -246,8 +248,14 @@ class PretrainModule(L.LightningModule):
         now, step = time.perf_counter(), self.global_step
         if self._last_log is not None and step > self._last_log[1]:
             elapsed = now - self._last_log[0]
-            tokens = (step - self._last_log[1]) * self.cfg.accumulate * batch["input_ids"].numel()
+            micro_batches = (step - self._last_log[1]) * self.cfg.accumulate
+            tokens = micro_batches * batch["input_ids"].numel()
             self.log("train/tokens_per_s", tokens / elapsed * self.trainer.world_size)
+            if self.step_flops:
+                flops_per_s = micro_batches * self.step_flops / elapsed  # this device's
+                self.log("train/flops_per_s", flops_per_s * self.trainer.world_size)
+                if self.peak_flops:
+                    self.log("train/mfu", flops_per_s / self.peak_flops)
         self._last_log = (now, step)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

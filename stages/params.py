@@ -233,6 +233,9 @@ class PretrainParams(Strict):
     batch_size: int = Field(16, ge=1)
     max_steps: int = Field(200, ge=1)
     max_minutes: float | None = Field(None, gt=0, description="wall-clock budget; stops early if reached")
+    max_flops: float | None = Field(
+        None, gt=0, description="a budget in training FLOPs: it sets the step count in place of max_steps"
+    )
     accumulate: int = Field(1, ge=1)
     lr: float = Field(1e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
@@ -259,7 +262,7 @@ class PretrainParams(Strict):
 
     @model_validator(mode="after")
     def _steps(self) -> PretrainParams:
-        if self.warmup_steps > self.max_steps:
+        if self.max_flops is None and self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be <= max_steps ({self.max_steps})")
         if self.precision == "16-mixed" and self.accelerator == "cpu":
             raise ValueError("precision 16-mixed needs a GPU; use bf16-mixed on the CPU")

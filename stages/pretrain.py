@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 import warnings
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from stages.common import (
     write_json,
 )
 from stages.layout import TOKENS, final_checkpoint, pretrain_curve, pretrain_metrics, resume_checkpoints
-from stages.params import ObjectivesParams, PretrainParams, load_params
+from stages.params import ObjectivesParams, Params, PretrainParams, load_params
 from stages.tracking import WEIGHTS_TAG, flatten, lightning_logger
 
 
@@ -95,13 +95,48 @@ def write_curve(path: Path, history: list[dict[str, float]]) -> None:
             writer.writerow({"step": step, **{k: v for k, v in rows[step].items() if k != "step"}})
 
 
-def trainer_for(run: PretrainParams, resume_dir: Path, logger: Any) -> Any:
+def world_size(run: PretrainParams) -> int:
+    """The processes that will train (on one node): a FLOPs budget is spent by all of them."""
+    if isinstance(run.devices, int):
+        return run.devices
+    import torch
+
+    gpus = run.accelerator in ("gpu", "auto") and torch.cuda.is_available()
+    return torch.cuda.device_count() if gpus else 1
+
+
+def planned_train_flops(params: Params, name: str, vocab_size: int) -> int:
+    """The training FLOPs `pretrain@<name>` spends on its step budget as params.yaml sets it."""
+    from models.flops import count_step_flops
+
+    variant, run = params.models[name], params.pretrain_of(name)
+    train_cfg = train_config(variant.objective, run, params.objectives, params.seed)
+    step = count_step_flops(variant.config(vocab_size), train_cfg) * run.accumulate * world_size(run)
+    return step * step_budget(name, params, run, step)
+
+
+def step_budget(name: str, params: Params, run: PretrainParams, flops_per_step: int) -> int:
+    """max_steps, or the steps `max_flops` pays for when it is set."""
+    if run.max_flops is None:
+        return run.max_steps
+    steps = int(run.max_flops // flops_per_step)
+    if steps < max(1, run.warmup_steps):
+        own = "max_flops" in params.pretrain.models.get(name, {})
+        key = f"pretrain.models.{name}.max_flops" if own else "pretrain.max_flops"
+        raise StageError(
+            f"params.yaml: {key}: {run.max_flops:.3g} FLOPs buys {steps} steps of {flops_per_step:.3g} "
+            f"FLOPs for {name}, fewer than warmup_steps ({run.warmup_steps}) or 1"
+        )
+    return steps
+
+
+def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: Any) -> Any:
     """Lightning's Trainer as params.yaml `pretrain` asks, checkpointing into `resume_dir`."""
     import lightning as L
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     return L.Trainer(
-        max_steps=run.max_steps,
+        max_steps=max_steps,
         max_time=timedelta(minutes=run.max_minutes) if run.max_minutes else None,
         accelerator=run.accelerator,
         devices=run.devices,
@@ -130,15 +165,21 @@ def trainer_for(run: PretrainParams, resume_dir: Path, logger: Any) -> Any:
     )
 
 
-def summarise(trainer: Any, module: Any, run: PretrainParams, objective: str) -> dict[str, Any]:
+def summarise(
+    trainer: Any, module: Any, run: PretrainParams, objective: str, flops: tuple[int, int]
+) -> dict[str, Any]:
     """metrics/pretrain/<model>.json: no wall-clock time (it is in MLflow), so the same params give the
-    same bytes."""
+    same bytes. `flops`: one micro-batch's counted and estimated FLOPs."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    steps = trainer.global_step
+    steps, micro_batches = trainer.global_step, run.accumulate * trainer.world_size
+    budget = "max_flops" if run.max_flops else "max_steps"
     return {
         "steps": steps,
-        "stopped_by": "max_steps" if steps >= run.max_steps else "max_minutes",
-        "tokens_seen": steps * run.accumulate * run.batch_size * run.seq_len * trainer.world_size,
+        "stopped_by": budget if steps >= module.cfg.max_steps else "max_minutes",
+        "tokens_seen": steps * micro_batches * run.batch_size * run.seq_len,
+        "flops_per_step": flops[0] * micro_batches,
+        "train_flops": steps * micro_batches * flops[0],
+        "train_flops_estimate": steps * micro_batches * flops[1],  # 6·N·D + attention + LM head
         "parameters": module.model.num_parameters(),
         "train_loss": next((h["train_loss"] for h in reversed(module.history) if "train_loss" in h), None),
         "val_loss": metrics.get("val/loss"),
@@ -163,8 +204,14 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from lightning.pytorch.utilities import rank_zero_only
 
+    from models.flops import count_step_flops, estimate_step_flops, peak_flops
     from models.lightning import PretrainModule, TokenDataModule
     from models.objectives import NonFiniteLoss
+
+    # compute: one micro-batch's FLOPs, counted on the meta device; a FLOPs budget becomes steps
+    flops = (count_step_flops(model_cfg, train_cfg), estimate_step_flops(model_cfg, train_cfg))
+    micro_batches = run.accumulate * world_size(run)
+    train_cfg = replace(train_cfg, max_steps=step_budget(name, params, run, flops[0] * micro_batches))
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # our own lines say what happens
     warnings.filterwarnings("ignore", message=".*exists and is not empty")  # expected when resuming
@@ -191,13 +238,24 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(params.seed)
     module = PretrainModule(model_cfg.to_dict(), train_cfg.__dict__, compile=run.compile)
     data = TokenDataModule(TOKENS, train_cfg, meta["vocab_size"], meta["dtype"], run.num_workers)
-    trainer = trainer_for(run, resume_dir, logger)
+    trainer = trainer_for(run, train_cfg.max_steps, resume_dir, logger)
+    if trainer.world_size * run.accumulate != micro_batches:
+        processes = f"{trainer.world_size} processes, not {world_size(run)}"
+        raise StageError(f"pretrain@{name}: Lightning trains on {processes}")
+    module.step_flops = flops[0]
+    if trainer.strategy.root_device.type == "cuda":
+        device = torch.cuda.get_device_name(trainer.strategy.root_device)
+        module.peak_flops = peak_flops(device)
+        if module.peak_flops is None:
+            log.info("pretrain@%s: no bf16 peak known for %s (models/flops.py): no MFU", name, device)
     log.info(
-        "pretrain@%s: %s/%s, %.2fM parameters, %s",
+        "pretrain@%s: %s/%s, %.2fM parameters, %d steps of %.3g FLOPs, %s",
         name,
         variant.arch,
         variant.objective,
         module.model.num_parameters() / 1e6,
+        train_cfg.max_steps,
+        flops[0] * micro_batches,
         f"resuming from {ckpt}" if ckpt else "from scratch",
     )
 
@@ -211,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     minutes = (time.perf_counter() - started) / 60
     trainer.save_checkpoint(resume_dir / "last.ckpt")
     trainer.validate(module, datamodule=data, verbose=False)
-    summary = summarise(trainer, module, run, variant.objective)
+    summary = summarise(trainer, module, run, variant.objective, flops)
 
     # outputs: the weights later stages load, the metrics and the loss curve
     if trainer.is_global_zero:
@@ -223,7 +281,10 @@ def main(argv: list[str] | None = None) -> None:
         logger.experiment.set_tag(logger.run_id, WEIGHTS_TAG, sha256_file(weights))
         write_json(pretrain_metrics(name), summary)
         write_curve(pretrain_curve(name), module.history)
-        logger.log_metrics({"final/steps": summary["steps"], "final/minutes": minutes})
+        final = {"minutes": minutes} | {
+            key: summary[key] for key in ("steps", "tokens_seen", "train_flops", "train_flops_estimate")
+        }
+        logger.log_metrics({f"final/{key}": value for key, value in final.items()})
         logger.finalize("success")
     log.info(
         "pretrain@%s: %d steps in %.1f min, val loss %.3f",

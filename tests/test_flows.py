@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.ablation import PRESETS, ablation, baseline_index, expand, point_overrides
+from flows.ablation import PRESETS, ablation, baseline_index, equal_flops_budget, expand, point_overrides
 from flows.common import PipelineError
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from tests.conftest import DEFAULT_PARAMS, ROOT
@@ -216,6 +216,35 @@ def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp
     assert worker.poll() is not None and server.poll() is not None
 
 
+def test_architecture_preset_trains_every_point_on_the_baselines_flops() -> None:
+    from flows.profile import validate
+    from stages.pretrain import planned_train_flops
+
+    points = expand(PRESETS["architecture"])
+    overrides = [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in points]
+    validated = [validate(ROOT, point, "params.yaml") for point in overrides]
+    budget, words = equal_flops_budget(validated, baseline_index(points, None, "architecture"))
+    vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
+    assert budget == planned_train_flops(validated[0], "encoder_mlm", vocab)
+    assert words == f"{budget:.3g} FLOPs each, what encoder_mlm spends on its 200 steps"
+    steps = {}
+    for params in validated:
+        (name,) = params.models
+        one_step = planned_train_flops(params, name, vocab) / params.pretrain.max_steps
+        at_budget = params.model_copy(
+            update={"pretrain": params.pretrain.model_copy(update={"max_flops": budget})}
+        )
+        spent = planned_train_flops(at_budget, name, vocab)
+        assert budget - one_step < spent <= budget  # whole steps, never over the budget
+        steps[name] = spent / one_step
+    # the decoder predicts every token, the encoder 15 % of them: fewer steps for the same compute
+    assert steps["encoder_mlm"] == 200 and steps["decoder_clm"] < 180 and steps["encdec_span"] < 200, steps
+
+    short = [validate(ROOT, [*point, "pretrain.warmup_steps=150"], "params.yaml") for point in overrides]
+    with pytest.raises(PipelineError, match=r"^equal FLOPs: params.yaml: pretrain.max_flops: .* fewer than"):
+        equal_flops_budget(short, 0)
+
+
 def test_two_by_two_sweep(harness: None, project: Path) -> None:
     sh(project, "git", "add", "-A")
     sh(project, "git", "commit", "-qm", "baseline reproduced")
@@ -234,6 +263,9 @@ def test_two_by_two_sweep(harness: None, project: Path) -> None:
     assert set(table["delta_average_verdict"]) <= {"better", "worse", "within noise"}
     assert {"glue_average_std", "stsb_std", "stsb_vs_baseline_verdict"} <= set(table.columns)
     assert "Δ vs baseline" in (project / "reports/ablation/grid/comparison.md").read_text()
+    # FLOPs per point: at the same steps, masking 30 % runs the LM head on more positions than 10 %
+    assert len(set(table["pretrain_steps"])) == 1
+    assert (table["train_flops"][table["objectives.mlm.mask_rate"] == 0.3] > table["train_flops"].min()).all()
     for name in ("comparison.md", "glue.png", "pretrain_loss.png"):
         assert (project / "reports/ablation/grid" / name).stat().st_size > 0
 

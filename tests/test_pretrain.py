@@ -203,9 +203,11 @@ def test_ddp_on_two_cpu_processes_with_bf16(sample_pipeline: Workdir) -> None:
         }
     ):
         result = sample_pipeline.run("pretrain", "decoder_clm")
+        micro_batch = micro_batch_flops(sample_pipeline.path, "decoder_clm")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((sample_pipeline.path / "metrics/pretrain/decoder_clm.json").read_text())
     assert summary["steps"] == 10 and summary["tokens_seen"] == 10 * 16 * 128 * 2
+    assert summary["flops_per_step"] == 2 * micro_batch  # a step is both processes' micro-batches
     assert math.isfinite(summary["val_loss"])
     model, config = load_pretrained(sample_pipeline.path / "checkpoints/decoder_clm/final")
     assert config["steps"] == 10
@@ -241,6 +243,43 @@ def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdi
     assert (
         json.loads((sample_pipeline.path / "checkpoints/decoder_clm/final/config.json").read_text())["steps"]
         == summary["steps"]
+    )
+
+
+def micro_batch_flops(project: Path, name: str) -> int:
+    """FLOPs of one micro-batch of `name` as the project's params.yaml sets it up."""
+    from models.flops import count_step_flops
+    from stages.params import load_params
+
+    vocab = json.loads((project / "data/tokens/meta.json").read_text())["vocab_size"]
+    params = load_params(project / "params.yaml")
+    variant = params.models[name]
+    train = train_config(variant.objective, params.pretrain_of(name), params.objectives, params.seed)
+    return count_step_flops(variant.config(vocab), train)
+
+
+def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(sample_pipeline: Workdir) -> None:
+    from mlflow.tracking import MlflowClient
+
+    path = sample_pipeline.path
+    sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
+    step = micro_batch_flops(path, "decoder_clm")
+    budget = {"pretrain.max_steps": 3, "pretrain.warmup_steps": 2, "pretrain.val_every": 100}
+    with sample_pipeline.changed(budget | {"pretrain.max_flops": 7.5 * step}):  # max_steps gives way
+        run_stages(sample_pipeline, "pretrain", "decoder_clm")
+    summary = json.loads((path / "metrics/pretrain/decoder_clm.json").read_text())
+    assert summary["steps"] == 7 and summary["stopped_by"] == "max_flops"
+    assert summary["flops_per_step"] == step and summary["train_flops"] == 7 * step
+    assert summary["train_flops_estimate"] == summary["train_flops"]  # 6·N·D + attention, to the FLOP
+    run_id = (path / "checkpoints/decoder_clm/resume/mlflow_run_id").read_text().strip()
+    assert MlflowClient().get_run(run_id).data.metrics["final/train_flops"] == 7 * step
+
+    with sample_pipeline.changed(budget | {"pretrain.max_flops": 1.5 * step}):
+        result = sample_pipeline.run("pretrain", "decoder_clm")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: params.yaml: pretrain.max_flops: {1.5 * step:.3g} FLOPs buys 1 steps of {step:.3g} "
+        "FLOPs for decoder_clm, fewer than warmup_steps (2) or 1"
     )
 
 

@@ -1,0 +1,90 @@
+"""Training FLOPs of a pretraining step, counted and estimated, and the GPU peaks MFU is taken against.
+
+Counted: torch's FlopCounterMode over one micro-batch's forward and backward, run on the meta device
+(tensors with shapes and no data), so it costs nothing and needs no corpus. Estimated: Kaplan et al.
+(2020)'s 6·N·D, with N the matmul parameters each token passes through, plus attention as Chinchilla
+counts it (QKᵀ and AV over the full T×T: the kernels compute the masked half too) and the tied LM
+head on the positions that get a prediction. Both count matmuls only, so they agree to the FLOP.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
+
+from models.config import ModelConfig
+from models.lightning import PretrainModule, TrainConfig
+from models.objectives import span_corruption_lengths
+
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, by a part of
+# torch.cuda.get_device_name(); the longest matching key wins ("A100" before "A10").
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "H100 PCIe": 756e12,
+    "H100": 989e12,  # SXM; "NVIDIA H100 80GB HBM3"
+    "H200": 989e12,
+    "A100": 312e12,
+    "A10": 125e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+}
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The bf16 peak of a GPU by its name, or None for a device the table does not know."""
+    matches = [key for key in PEAK_BF16_FLOPS if key in device_name]
+    return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None
+
+
+def lengths(train: TrainConfig) -> tuple[int, int, int]:
+    """(encoder or decoder-only length, decoder length of an encoder-decoder, predictions per batch)."""
+    b, t = train.batch_size, train.seq_len
+    if train.objective == "mlm":
+        return t, 0, round(train.objective_args["mask_rate"] * b * t)  # the expected selection
+    if train.objective == "clm":
+        return t, 0, b * t
+    _, targets = span_corruption_lengths(
+        t, train.objective_args["noise_density"], train.objective_args["mean_span_length"]
+    )
+    return t, targets, b * targets
+
+
+def example_batch(train: TrainConfig) -> dict[str, Tensor]:
+    """A batch of the objective's shapes, on the meta device."""
+    b, (t, targets, predicted) = train.batch_size, lengths(train)
+    meta = {"dtype": torch.long, "device": "meta"}
+    if train.objective == "mlm":
+        return {
+            "input_ids": torch.zeros(b, t, **meta),
+            "positions": torch.zeros(predicted, **meta),
+            "labels": torch.zeros(predicted, **meta),
+        }
+    return {"input_ids": torch.zeros(b, t, **meta), "labels": torch.zeros(b, targets or t, **meta)}
+
+
+def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
+    """FLOPs of one micro-batch's forward and backward pass, as FlopCounterMode counts them."""
+    with torch.device("meta"):
+        module = PretrainModule(model.to_dict(), train.__dict__)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss, _, _ = module.loss(example_batch(train))
+        loss.backward()
+    return int(counter.get_total_flops())
+
+
+def estimate_step_flops(model: ModelConfig, train: TrainConfig) -> int:
+    """6·N·D + attention + LM head for one micro-batch (forward 2 FLOPs a multiply-add, backward 2x)."""
+    b, (t, u, predicted) = train.batch_size, lengths(train)
+    d = model.d_model
+    block = 4 * d * d + (3 if model.mlp == "swiglu" else 2) * d * model.d_ff  # qkv, out, MLP
+    forward = 2 * b * t * model.n_layers * block + model.n_layers * 4 * b * t * t * d
+    if model.arch == "encoder_decoder":
+        layers = model.decoder_layers
+        forward += 2 * b * u * layers * (block + 2 * d * d)  # self-attention, MLP, cross q and out
+        forward += 2 * b * t * layers * 2 * d * d  # cross-attention keys and values of the memory
+        forward += layers * 4 * b * u * (u + t) * d  # self- and cross-attention scores and mixing
+    forward += 2 * predicted * d * model.vocab_size
+    return 3 * forward

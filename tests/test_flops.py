@@ -1,0 +1,80 @@
+"""FLOPs of a training step: the meta-device count equals the 6·N·D + attention estimate for every
+architecture and variant, equals the count of a real step on real tensors, and GPU peaks by name."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from models.config import ModelConfig
+from models.flops import count_step_flops, estimate_step_flops, peak_flops
+from models.lightning import PretrainModule, make_batch
+from stages.params import ObjectivesParams, PretrainParams
+from stages.pretrain import train_config
+
+ARCHS = [("encoder", "mlm"), ("decoder", "clm"), ("encoder_decoder", "span")]
+VARIANTS = [
+    dict(mlp=m, positions=p, norm=n, norm_position=np_, bias=b)
+    for m, p, n, np_, b in [
+        ("gelu", "learned", "layernorm", "pre", True),
+        ("swiglu", "rope", "rmsnorm", "pre", False),
+        ("gelu", "sinusoidal", "layernorm", "post", True),
+    ]
+]
+
+
+def configs(arch: str, objective: str, variant: dict, **pretrain):
+    extra = {"n_decoder_layers": 3} if arch == "encoder_decoder" else {}
+    model = ModelConfig(
+        arch=arch, vocab_size=1000, d_model=64, n_layers=2, n_heads=4, d_ff=160, **variant, **extra
+    )
+    run = PretrainParams(seq_len=32, batch_size=4, **pretrain)
+    return model, train_config(objective, run, ObjectivesParams(), seed=3)
+
+
+@pytest.mark.parametrize(("arch", "objective"), ARCHS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
+def test_count_equals_the_closed_form_estimate(arch: str, objective: str, variant: dict) -> None:
+    model, train = configs(arch, objective, variant)
+    counted = count_step_flops(model, train)
+    assert counted == estimate_step_flops(model, train)
+    # and it scales as it must: twice the batch, twice the FLOPs
+    wider = train_config(objective, PretrainParams(seq_len=32, batch_size=8), ObjectivesParams(), seed=3)
+    assert count_step_flops(model, wider) == 2 * counted
+
+
+@pytest.mark.parametrize(("arch", "objective"), ARCHS[1:])
+def test_meta_count_equals_a_real_steps_count(arch: str, objective: str) -> None:
+    """CLM and span batches have fixed shapes: the meta count is what a real forward+backward counts
+    (with attention as plain matmuls: FlopCounterMode has no formula for the CPU's fused kernel, which
+    is why the project counts on the meta device)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model, train = configs(arch, objective, VARIANTS[0])
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(107, 1000, (train.batch_size, train.row_length()), generator=generator)
+    module = PretrainModule(model.to_dict(), train.__dict__)
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):
+        loss, _, _ = module.loss(make_batch(rows, train, generator, 1000))
+        loss.backward()
+    assert counter.get_total_flops() == count_step_flops(model, train)
+
+
+def test_peak_flops_by_device_name() -> None:
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("NVIDIA A10") == 125e12  # not A100's
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA L4") == 121e12 and peak_flops("NVIDIA L40S") == 362e12
+    assert peak_flops("Tesla T4") is None  # no bf16 tensor cores: MFU is not reported
+
+
+def test_flops_grow_with_every_size_knob() -> None:
+    model, train = configs("decoder", "clm", VARIANTS[0])
+    base = count_step_flops(model, train)
+    for change in itertools.chain([{"d_model": 128}, {"n_layers": 3}, {"d_ff": 320}, {"vocab_size": 2000}]):
+        assert count_step_flops(model.with_(**change), train) > base, change

@@ -29,8 +29,13 @@ else
 	@echo "Pretrained models: checkpoints/*/final. Every run: mlflow ui --backend-store-uri sqlite:///mlflow.db"
 endif
 
+# the hf extra (transformers) for the export tests
+$(VENV)/.installed-hf: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,hf]'
+	touch $@
+
 # PYTEST_ARGS='-m "not slow"' leaves out the slow tier (real-text learning, resume, DDP, compile, fan-out)
-test: setup
+test: setup $(VENV)/.installed-hf
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup

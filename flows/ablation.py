@@ -78,7 +78,7 @@ BASELINES: dict[str, dict[str, Any]] = {
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
 # spends on its step budget (T5 compares objectives and architectures that way)
 EQUAL_FLOPS = {"architecture"}
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
 
 
 def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -151,6 +151,7 @@ class Point:
     values: dict[str, Any]
     overrides: list[str]
     run_id: str  # its MLflow run, parent of its stage runs
+    targets: tuple[str, ...] = ()  # the stages to run (pretrain@<model>: a scaling point); all if empty
 
 
 @task(task_run_name="{point.experiment}")
@@ -161,6 +162,7 @@ def run_point(repo_dir: Path, point: Point, tracking_uri: str) -> dict[str, Any]
     command = ["dvc", "--wait-for-lock", "exp", "run", "--temp", "--name", point.experiment]
     for override in point.overrides:
         command += ["-S", override]
+    command += point.targets
     logger.info("%s", " ".join(command))
     started = time.perf_counter()
     result = subprocess.run(
@@ -170,7 +172,7 @@ def run_point(repo_dir: Path, point: Point, tracking_uri: str) -> dict[str, Any]
     logger.info("%s: ran %s", point.experiment, ", ".join(ran) or "nothing (all cached)")
     if result.returncode != 0:
         raise RuntimeError(f"{point.experiment}: {error_line(result.stderr or result.stdout)}")
-    return {**outputs(repo_dir, point.experiment), "seconds": time.perf_counter() - started}
+    return {**outputs(repo_dir, point), "seconds": time.perf_counter() - started}
 
 
 @task(task_run_name="{point.experiment} on the pool")
@@ -186,6 +188,7 @@ def run_point_on_pool(repo_dir: Path, point: Point, target: Target, retries: int
         "tracking_uri": target.tracking_uri,
         "git_remote": target.git_remote,
         "dvc_remote": target.dvc_remote,
+        "targets": list(point.targets),
     }
     attempts = dispatch(target, "ablation-point", parameters, point.experiment, retries)
     pulled = dvc(
@@ -194,19 +197,22 @@ def run_point_on_pool(repo_dir: Path, point: Point, target: Target, retries: int
     if pulled.returncode != 0:
         raise RuntimeError(f"{point.experiment}: dvc exp pull: {last_line(pulled.stderr or pulled.stdout)}")
     return {
-        **outputs(repo_dir, point.experiment),
+        **outputs(repo_dir, point),
         "seconds": time.perf_counter() - started,
         "attempts": attempts,
     }
 
 
-def outputs(repo_dir: Path, experiment: str) -> dict[str, Any]:
-    """An experiment's GLUE metrics, loss curves and predictions, from the DVC cache through its commit."""
-    glue = json.loads(_read(repo_dir, GLUE_METRICS, experiment))
-    curves = {
-        model: pd.read_csv(io.StringIO(_read(repo_dir, pretrain_curve(model), experiment))) for model in glue
-    }
-    pretrain = {model: json.loads(_read(repo_dir, pretrain_metrics(model), experiment)) for model in glue}
+def outputs(repo_dir: Path, point: Point) -> dict[str, Any]:
+    """A point's pretraining metrics and loss curves and, when it ran the whole graph, its GLUE metrics
+    and predictions: from the DVC cache through the experiment's commit."""
+    experiment = point.experiment
+    glue = None if point.targets else json.loads(_read(repo_dir, GLUE_METRICS, experiment))
+    models = [t.split("@", 1)[1] for t in point.targets if t.startswith("pretrain@")] or list(glue or {})
+    curves = {m: pd.read_csv(io.StringIO(_read(repo_dir, pretrain_curve(m), experiment))) for m in models}
+    pretrain = {model: json.loads(_read(repo_dir, pretrain_metrics(model), experiment)) for model in models}
+    if glue is None:
+        return {"curves": curves, "pretrain": pretrain}
     predictions = pd.read_parquet(io.BytesIO(_read(repo_dir, PREDICTIONS, experiment, "rb")))
     return {"glue": glue, "curves": curves, "pretrain": pretrain, "predictions": predictions}
 
@@ -455,7 +461,7 @@ def ablation(
     repo_dir = Path(repo).resolve()
     points_spec = resolve_grid(preset, grid)
     sweep = name or f"{preset or 'sweep'}-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
-    if not _NAME.match(sweep):
+    if not NAME.match(sweep):
         raise PipelineError(f"sweep name '{sweep}': letters, digits, '-', '_' and '.' only")
     params_file = repo_dir / "params.yaml"
     params = read_params_yaml(params_file) or {}
@@ -476,7 +482,7 @@ def ablation(
         raise PipelineError("max_parallel must be at least 1")
 
     tracking = FlowTracking(repo_dir, tracking_experiment(params_file))
-    target = _pool_target(repo_dir, pool, tracking.uri, git_remote, dvc_remote) if pool else None
+    target = pool_target_pushed(repo_dir, pool, tracking.uri, git_remote, dvc_remote) if pool else None
     if target is not None:
         overrides = [target.overrides(point) for point in overrides]
     parent = tracking.start(
@@ -492,7 +498,7 @@ def ablation(
         points.append(Point(index, experiment, point_values, point_overrides_, run_id))
     logger.info("sweep %s: %d points over %s, %d at once", sweep, len(points), swept or keys, max_parallel)
 
-    results, failed = _run_points(repo_dir, points, tracking.uri, max_parallel, target)
+    results, failed = run_points(repo_dir, points, tracking.uri, max_parallel, target)
     for point in points:
         if point.index in failed:
             tracking.client.set_terminated(point.run_id, "FAILED")
@@ -551,7 +557,7 @@ def resolve_grid(
     return PRESETS[preset] if preset is not None else grid
 
 
-def _pool_target(
+def pool_target_pushed(
     repo_dir: Path, pool: str, tracking_uri: str, git_remote: str, dvc_remote: str | None
 ) -> Target:
     """The pool's target, checked (flows.dispatch.pool_target), with the workspace's outputs and run
@@ -584,7 +590,7 @@ def where_points_ran(
     return "\n".join(lines) + "\n"
 
 
-def _run_points(
+def run_points(
     repo_dir: Path,
     points: Sequence[Point],
     tracking_uri: str,
@@ -620,7 +626,9 @@ def _run_points(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.ablation", description=__doc__.split("\n")[0])
-    parser.add_argument("preset", nargs="?", choices=list(PRESETS), help="a named sweep")
+    parser.add_argument(
+        "preset", nargs="?", choices=[*PRESETS, "scaling"], help="a named sweep (scaling: flows/scaling.py)"
+    )
     parser.add_argument("--grid", help='JSON: {"key": [values], ...} (product) or [{"key": value}, ...]')
     parser.add_argument("--repo", default=".", help="the DVC project (default: here)")
     parser.add_argument("--max-parallel", type=int, default=2, help="points at once (default 2)")
@@ -636,9 +644,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pool", help="run every point as a flow run on this Prefect work pool")
     parser.add_argument("--dvc-remote", help="with --pool: the DVC remote (default: the project's default)")
     parser.add_argument("--git-remote", default="origin", help="with --pool: the git remote (default origin)")
+    parser.add_argument(
+        "--tokens-per-parameter", type=float, help="scaling: tokens per non-embedding parameter (default 20)"
+    )
+    parser.add_argument(
+        "--sizes", help="scaling: JSON [[d_model, n_layers, n_heads], ...] (default: the ladder)"
+    )
     args = parser.parse_args(argv)
 
+    def scaling_body() -> str:
+        from flows.scaling import LADDER, TOKENS_PER_PARAMETER, ladder_points, scaling
+
+        if args.grid or args.baseline:
+            raise PipelineError("scaling: --grid and --baseline do not apply (the ladder is its grid)")
+        try:
+            sizes = json.loads(args.sizes) if args.sizes else LADDER
+        except json.JSONDecodeError as exc:
+            raise PipelineError(f"--sizes is not JSON: {exc}") from None
+        if not isinstance(sizes, list) or not all(
+            isinstance(size, list | tuple)
+            and len(size) == 3
+            and all(isinstance(v, int) and v > 0 for v in size)
+            for size in sizes
+        ):
+            raise PipelineError(
+                "--sizes: give a list of [d_model, n_layers, n_heads], e.g. [[128, 2, 2], ...]"
+            )
+        ladder_points([tuple(size) for size in sizes])  # at least 4, heads dividing d_model
+        if args.profile:
+            profiles.overrides(args.profile, args.corpus, args.glue)
+        result = scaling(
+            repo=args.repo,
+            max_parallel=args.max_parallel,
+            name=args.name,
+            tokens_per_parameter=args.tokens_per_parameter or TOKENS_PER_PARAMETER,
+            sizes=[tuple(size) for size in sizes],
+            profile=args.profile,
+            corpus=args.corpus,
+            glue=args.glue,
+            pool=args.pool,
+            dvc_remote=args.dvc_remote,
+            git_remote=args.git_remote,
+        )
+        return f"scaling fit: {result['report']}/scaling.md"
+
+    if args.tokens_per_parameter is not None and args.tokens_per_parameter <= 0:
+        parser.error("--tokens-per-parameter must be > 0")
+
     def body() -> str:
+        if args.preset == "scaling":
+            return scaling_body()
+        if args.tokens_per_parameter is not None or args.sizes:
+            raise PipelineError("--tokens-per-parameter and --sizes are for the scaling preset")
         try:
             grid = json.loads(args.grid) if args.grid else None
             baseline = json.loads(args.baseline) if args.baseline else None

@@ -351,14 +351,15 @@ def ablation_point(
     git_remote: str = "origin",
     dvc_remote: str | None = None,
     submitted_at: float = 0.0,
+    targets: list[str] | None = None,
 ) -> list[str]:
-    """One point of a sweep on this worker: `dvc exp run --temp --name <experiment> -S ...`, pushed.
-    `overrides` are complete (the parent put the pool's device settings in), so the parent knows
-    every param of the run."""
+    """One point of a sweep on this worker: `dvc exp run --temp --name <experiment> -S ... [targets]`,
+    pushed. `overrides` are complete (the parent put the pool's device settings in), so the parent
+    knows every param of the run."""
     return experiment_on_worker(
         experiment,
         overrides,
-        [],
+        targets or [],
         revision=revision,
         parent_run_id=parent_run_id,
         tracking_uri=tracking_uri,

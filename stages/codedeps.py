@@ -7,8 +7,10 @@ fails on any disagreement), `--write` puts the closure into dvc.yaml, and pretra
 fingerprint hashes the same files.
 
 Every import counts, also one inside a function (it runs when the stage does); an imported package
-brings its `__init__.py` once that has any content (an empty one runs nothing). Modules outside the
-project's packages are the environment's business.
+brings its `__init__.py` once that has any content (an empty one runs nothing). A module whose stage
+reads other modules' source (the export writes models/ as remote code) names them in a module-level
+`READS_SOURCE_OF = ("models.x", ...)`: they count as imported. Modules outside the project's packages
+are the environment's business.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ def imports(path: Path, source: str) -> set[str]:
                 base = ".".join([*anchor, *([base] if base else [])])
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)  # `from models import heads`
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "READS_SOURCE_OF" for t in node.targets
+        ):
+            found.update(ast.literal_eval(node.value))
     return found
 
 

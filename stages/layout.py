@@ -29,6 +29,11 @@ def final_checkpoint(model: str) -> Path:
     return CHECKPOINTS / model / "final"
 
 
+def hf_export(model: str) -> Path:
+    """The pretrained model and tokenizer as a transformers folder (a DVC output)."""
+    return CHECKPOINTS / model / "hf"
+
+
 def resume_checkpoints(model: str) -> Path:
     """Lightning checkpoints kept between runs, deliberately not a DVC output (see dvc.yaml)."""
     return CHECKPOINTS / model / "resume"

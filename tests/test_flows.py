@@ -32,6 +32,7 @@ ALL_STAGES = {
     "pack",
     "glue_prepare",
     "pretrain@encoder_mlm",
+    "export@encoder_mlm",
     "finetune@encoder_mlm-stsb",
     "finetune_scratch@encoder_mlm-stsb",
     "evaluate",
@@ -157,6 +158,7 @@ def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -
     assert set(summary.not_run) == {
         "pack",
         "pretrain@encoder_mlm",
+        "export@encoder_mlm",
         "finetune@encoder_mlm-stsb",
         "finetune_scratch@encoder_mlm-stsb",
         "evaluate",
@@ -208,7 +210,7 @@ def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp
             assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
             time.sleep(2)
         assert state["type"] == "COMPLETED", worker_log.read_text()[-3000:]
-        assert "10 up to date" in worker_log.read_text()  # the summary, from the worker
+        assert "11 up to date" in worker_log.read_text()  # the summary, from the worker
     finally:
         if worker is not None:
             stop(worker)
@@ -292,8 +294,8 @@ def test_two_by_two_sweep(harness: None, project: Path) -> None:
         assert point.data.metrics["glue.encoder_mlm.pretrained.stsb"] == pytest.approx(row["stsb"])
         stages = runs(f"tags.`mlflow.parentRunId` = '{point.info.run_id}'")
         by_stage = {run.data.tags["stage"]: run for run in stages}
-        # a pretraining ablation re-runs pretrain, finetune and evaluate, never the scratch baseline
-        assert set(by_stage) == {"pretrain", "finetune", "evaluate"}
+        # a pretraining ablation re-runs pretrain, export, finetune and evaluate, never the scratch baseline
+        assert set(by_stage) == {"pretrain", "export", "finetune", "evaluate"}
         assert {run.data.tags.get("init") for run in stages if run.data.tags["stage"] == "finetune"} == {
             "pretrained"
         }

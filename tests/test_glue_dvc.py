@@ -28,7 +28,9 @@ def test_real_rte_end_to_end_through_dvc_repro(tmp_path: Path, glue_dir: Path) -
 
     repo = make_project(tmp_path / "repo", real_rte)
 
-    first = stages_run(dvc(repo, "repro"))
+    ran = stages_run(dvc(repo, "repro"))
+    first = [stage for stage in ran if stage != "export@encoder_mlm"]
+    assert "export@encoder_mlm" in ran
     assert (
         first[-4:]
         == [

@@ -1,0 +1,303 @@
+"""The `scaling` preset of flows/ablation.py: a ladder of decoder sizes pretrained on the same data at a
+fixed number of tokens per parameter, and Kaplan et al. (2020)'s L(N) = a·N^(−α) + c fitted to their
+validation losses (scipy.optimize.curve_fit, with the parameters' standard errors), extrapolated to
+ten times the largest size.
+
+N counts the non-embedding parameters, as Kaplan's N does: at these sizes the embeddings are most of
+the model, and counting them bends the curve.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from flows.common import PipelineError
+
+MODEL = "decoder_clm"  # Kaplan's L(N) is a decoder's
+# (d_model, n_layers, n_heads) from `tiny` upward, d_ff = 4·d_model: non-embedding N 0.39 M to 4.9 M
+LADDER: list[tuple[int, int, int]] = [(128, 2, 2), (192, 2, 3), (256, 3, 4), (320, 4, 5)]
+TOKENS_PER_PARAMETER = 20.0  # Chinchilla's compute-optimal ratio
+KAPLAN_ALPHA_N = 0.076
+
+
+def non_embedding_parameters(d_model: int, n_layers: int, d_ff: int, mlp: str = "gelu") -> int:
+    """Kaplan's N: the weights of the blocks (attention and MLP matrices; biases and norms are noise)."""
+    return n_layers * (4 * d_model * d_model + (3 if mlp == "swiglu" else 2) * d_model * d_ff)
+
+
+def ladder_points(sizes: Sequence[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """The sweep's points: the model variant of params.yaml at each size (the other models removed)."""
+    if len(sizes) < 4:
+        raise PipelineError(
+            f"scaling: give at least 4 sizes to fit 3 parameters with a check, not {len(sizes)}"
+        )
+    points = []
+    for d_model, n_layers, n_heads in sizes:
+        if d_model % n_heads:
+            raise PipelineError(
+                f"scaling: size ({d_model}, {n_layers}, {n_heads}): d_model not divisible by heads"
+            )
+        size = {"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads, "d_ff": 4 * d_model}
+        # ++: set on the variant whether or not params.yaml names the field (its preset may size it)
+        points.append({"models": MODEL, **{f"++models.{MODEL}.{key}": value for key, value in size.items()}})
+    return points
+
+
+def budget_override(n: int, tokens_per_step: int, ratio: float) -> tuple[str, int]:
+    """The point's step budget (D = ratio·N tokens, a tenth of it warmup, no wall-clock cap) as one
+    override of its model's own pretrain values."""
+    steps = max(10, math.ceil(ratio * n / tokens_per_step))
+    budget = (
+        f"++pretrain.models.{MODEL}={{max_steps:{steps},warmup_steps:{max(1, steps // 10)},max_minutes:null}}"
+    )
+    return budget, steps
+
+
+@dataclass(frozen=True)
+class Fit:
+    a: float
+    alpha: float
+    c: float
+    errors: tuple[float, float, float]  # standard errors of a, alpha, c
+    extrapolated_n: float
+    extrapolated_loss: float
+    extrapolated_error: float
+
+
+def law(n: np.ndarray, a: float, alpha: float, c: float) -> np.ndarray:
+    return a * np.power(n, -alpha) + c
+
+
+def fit_law(n: Sequence[float], loss: Sequence[float]) -> Fit:
+    """L(N) = a·N^(−α) + c by least squares; errors from the covariance curve_fit estimates."""
+    from scipy.optimize import curve_fit
+
+    n_values, losses = np.asarray(n, dtype=float), np.asarray(loss, dtype=float)
+    start = (
+        float(losses.max() - losses.min()) * float(n_values.min()) ** 0.3 + 1e-3,
+        0.3,
+        float(losses.min()) * 0.9,
+    )
+    params, covariance = curve_fit(
+        law,
+        n_values,
+        losses,
+        p0=start,
+        bounds=([0.0, 0.0, 0.0], [np.inf, 3.0, float(losses.min())]),
+        maxfev=20000,
+    )
+    errors = np.sqrt(np.clip(np.diag(covariance), 0, None))
+    far = 10.0 * float(n_values.max())
+    # the extrapolation's standard error by the delta method: gradient of L(far) in (a, alpha, c)
+    a, alpha, _ = params
+    gradient = np.array([far**-alpha, -a * math.log(far) * far**-alpha, 1.0])
+    spread = float(np.sqrt(max(gradient @ covariance @ gradient, 0.0)))
+    return Fit(*map(float, params), tuple(map(float, errors)), far, float(law(far, *params)), spread)
+
+
+def markdown(
+    rows: Sequence[dict[str, Any]],
+    fit: Fit | None,
+    failure: str | None,
+    sweep: str,
+    ratio: float,
+    synthetic: bool,
+) -> str:
+    lines = [
+        f"# Scaling `{sweep}`: L(N) = a·N^(−α) + c",
+        "",
+        f"Every size trains `{MODEL}` on the same data for {ratio:g} tokens per non-embedding parameter "
+        "(Kaplan's N); the loss is the validation loss at the end.",
+    ]
+    if synthetic:
+        lines += ["", "> **Synthetic data** (offline default profile): shows the machinery, not a law."]
+    lines += [
+        "",
+        "| experiment | d_model | layers | N (non-embedding) | tokens | steps | val loss |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['experiment']} | {row['d_model']} | {row['n_layers']} | {row['n']:,} "
+            f"| {row['tokens']:,} | {row['steps']} | {row['val_loss']:.4f} |"
+        )
+    lines.append("")
+    if fit is None:
+        lines.append(f"The fit did not converge: {failure}")
+    else:
+        ea, ealpha, ec = fit.errors
+        lines += [
+            f"Fit (scipy.optimize.curve_fit, ± one standard error): a = {fit.a:.3g} ± {ea:.2g}, "
+            f"**α = {fit.alpha:.3f} ± {ealpha:.3f}**, c = {fit.c:.3f} ± {ec:.3f}.",
+            "",
+            f"Extrapolated to N = {fit.extrapolated_n:,.0f} (10× the largest): "
+            f"L = {fit.extrapolated_loss:.3f} ± {fit.extrapolated_error:.3f}.",
+            "",
+            f"Kaplan et al. (2020) report α_N ≈ {KAPLAN_ALPHA_N} for decoders from 10⁵ to 10⁹ parameters "
+            "trained to convergence on WebText2.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[dict[str, Any]], fit: Fit | None) -> bytes:
+    """Log-log: the measured losses, the fitted law out to 10× the largest size, the extrapolation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = np.array([row["n"] for row in rows], dtype=float)
+    loss = np.array([row["val_loss"] for row in rows], dtype=float)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(n, loss, "o", label="measured (val loss)")
+    if fit is not None:
+        grid = np.geomspace(n.min() / 1.5, fit.extrapolated_n * 1.2, 200)
+        ax.plot(
+            grid, law(grid, fit.a, fit.alpha, fit.c), "-", label=f"fit: α = {fit.alpha:.3f}, c = {fit.c:.2f}"
+        )
+        ax.errorbar(
+            [fit.extrapolated_n],
+            [fit.extrapolated_loss],
+            yerr=[fit.extrapolated_error],
+            fmt="s",
+            capsize=3,
+            label="10× the largest",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("non-embedding parameters N")
+    ax.set_ylabel("validation loss")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+@flow(name="scaling", log_prints=True)
+def scaling(
+    repo: str = ".",
+    max_parallel: int = 2,
+    name: str | None = None,
+    tokens_per_parameter: float = TOKENS_PER_PARAMETER,
+    sizes: Sequence[Sequence[int]] = tuple(LADDER),
+    profile: str | None = None,
+    corpus: str | None = None,
+    glue: str | None = None,
+    pool: str | None = None,
+    dvc_remote: str | None = None,
+    git_remote: str = "origin",
+) -> dict[str, Any]:
+    """Pretrain `decoder_clm` at every size of the ladder (each a DVC experiment running only its
+    pretrain stage), on `tokens_per_parameter` tokens per non-embedding parameter, then fit and plot
+    L(N). The profile, the pool and the MLflow layout are the ablation flow's."""
+    from flows import ablation as sweeps
+    from flows import profile as profiles
+    from stages.params import read_params_yaml, tracking_experiment
+    from stages.pretrain import world_size
+    from stages.tracking import FlowTracking, git_commit
+
+    logger = get_run_logger()
+    repo_dir = Path(repo).resolve()
+    sweep = name or f"scaling-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
+    if not sweeps.NAME.match(sweep):
+        raise PipelineError(f"sweep name '{sweep}': letters, digits, '-', '_' and '.' only")
+    if tokens_per_parameter <= 0 or max_parallel < 1:
+        raise PipelineError("scaling: tokens_per_parameter must be > 0 and max_parallel >= 1")
+    params_file = repo_dir / "params.yaml"
+    raw = read_params_yaml(params_file) or {}
+    on_profile = profiles.overrides(profile, corpus, glue) if profile else []
+    origin = f"profile {profile}" if profile else str(params_file)
+    base = profiles.validate(repo_dir, on_profile, origin)
+    if MODEL not in base.models:
+        raise PipelineError(f"scaling: {origin} has no model '{MODEL}' (the ladder scales a decoder)")
+    values = ladder_points([tuple(s) for s in sizes])
+    overrides, rows = [], []
+    for point in values:
+        given = [*on_profile, *sweeps.point_overrides(point, raw, params_file)]
+        params = profiles.validate(repo_dir, given, origin)
+        model = params.models[MODEL].config(params.tokenizer.vocab_size)
+        run = params.pretrain_of(MODEL)
+        n = non_embedding_parameters(model.d_model, model.n_layers, model.d_ff, model.mlp)
+        tokens_per_step = run.batch_size * run.seq_len * run.accumulate * world_size(run)
+        budget, steps = budget_override(n, tokens_per_step, tokens_per_parameter)
+        profiles.validate(repo_dir, [*given, budget], origin)  # every point, up front
+        overrides.append([*given, budget])
+        rows.append({"d_model": model.d_model, "n_layers": model.n_layers, "n": n, "steps": steps})
+    synthetic = base.glue.synthetic
+
+    tracking = FlowTracking(repo_dir, tracking_experiment(params_file))
+    target = sweeps.pool_target_pushed(repo_dir, pool, tracking.uri, git_remote, dvc_remote) if pool else None
+    if target is not None:
+        overrides = [target.overrides(point) for point in overrides]
+    parent = tracking.start(
+        sweep, {"stage": "scaling", "sweep": sweep, "preset": "scaling", "git_commit": git_commit()}
+    )
+    tracking.log(
+        parent, {"points": len(values), "tokens_per_parameter": tokens_per_parameter}, {"sizes": str(sizes)}
+    )
+    points = []
+    for index, (row, point_overrides) in enumerate(zip(rows, overrides, strict=True), start=1):
+        experiment = f"{sweep}-{index}"
+        tags = {"stage": "ablation_point", "sweep": sweep, "dvc_experiment": experiment, "point": index}
+        tags |= {"param.d_model": row["d_model"], "param.n_layers": row["n_layers"]}
+        run_id = tracking.start(experiment, tags, parent=parent)
+        points.append(sweeps.Point(index, experiment, {}, point_overrides, run_id, (f"pretrain@{MODEL}",)))
+    logger.info("sweep %s: %d sizes, %g tokens per parameter", sweep, len(points), tokens_per_parameter)
+
+    results, failed = sweeps.run_points(repo_dir, points, tracking.uri, max_parallel, target)
+    measured = []
+    for point, row in zip(points, rows, strict=True):
+        if point.index in failed:
+            tracking.client.set_terminated(point.run_id, "FAILED")
+            continue
+        summary = results[point.index]["pretrain"][MODEL]
+        row |= {
+            "experiment": point.experiment,
+            "tokens": summary["tokens_seen"],
+            "val_loss": summary["val_loss"],
+        }
+        row["train_flops"] = summary.get("train_flops")
+        measured.append(row)
+        tracking.log(point.run_id, {"n": row["n"], "tokens": row["tokens"], "val_loss": row["val_loss"]}, {})
+        tracking.client.set_terminated(point.run_id, "FINISHED")
+
+    fit, failure = None, None
+    if len(measured) >= 4:
+        try:
+            fit = fit_law([r["n"] for r in measured], [r["val_loss"] for r in measured])
+        except (RuntimeError, ValueError) as exc:  # curve_fit's "optimal parameters not found"
+            failure = " ".join(str(exc).split())
+    else:
+        failure = f"{len(measured)} sizes finished, 4 are needed"
+    out = repo_dir / "reports" / "ablation" / sweep
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(measured, fit, failure, sweep, tokens_per_parameter, synthetic)
+    (out / "scaling.md").write_text(text)
+    pd.DataFrame(measured).to_csv(out / "scaling.csv", index=False)
+    (out / "scaling.png").write_bytes(plot(measured, fit))
+    for path in sorted(out.iterdir()):
+        tracking.client.log_artifact(parent, str(path))
+    if fit is not None:
+        metrics = {"alpha": fit.alpha, "alpha_error": fit.errors[1], "a": fit.a, "c": fit.c}
+        metrics |= {"extrapolated_loss": fit.extrapolated_loss, "extrapolated_error": fit.extrapolated_error}
+        tracking.log(parent, metrics, {})
+    create_markdown_artifact(text, key="scaling-fit")
+    logger.info("scaling fit: %s\n%s", out, text)
+    tracking.client.set_terminated(parent, "FAILED" if failed else "FINISHED")
+    if failed:
+        raise sweeps.PointsFailed(failed)
+    fitted = None if fit is None else {"alpha": fit.alpha, "alpha_error": fit.errors[1], "c": fit.c}
+    return {"sweep": sweep, "report": str(out), "parent_run_id": parent, "rows": measured, "fit": fitted}

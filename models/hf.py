@@ -1,0 +1,215 @@
+"""Our Transformer in the layout of a transformers class: the config.json and the state dict it loads.
+
+A class is used only where it computes exactly what ours does (the same norms in the same places,
+activation, positions and biases); every other configuration gets the remote-code class of
+models/hf_remote.py, which runs our own modules. No transformers import here: writing an export does
+not need it, loading one does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from models.objectives import SPECIAL
+from models.transformer import Transformer
+
+# the models/ modules whose source, concatenated, is the remote-code modeling file (stages/codedeps.py
+# counts them as code of every stage that imports this module)
+READS_SOURCE_OF = ("models.config", "models.transformer", "models.hf_remote")
+
+
+@dataclass(frozen=True)
+class HFLayout:
+    architecture: str  # the transformers class (or the remote-code class) that loads it
+    config: dict[str, Any]  # config.json
+    tensors: dict[str, Tensor]  # model.safetensors
+    why: str  # for the export's README
+
+
+def _standard(model: Transformer) -> bool:
+    """Learned positions, LayerNorm with bias, GELU, biases: what GPT-2, BERT and XLM-R XL compute."""
+    cfg = model.cfg
+    return (cfg.positions, cfg.norm, cfg.mlp, cfg.bias) == ("learned", "layernorm", "gelu", True)
+
+
+def hf_layout(model: Transformer) -> HFLayout:
+    cfg = model.cfg
+    if _standard(model) and cfg.arch == "decoder" and cfg.norm_position == "pre":
+        return _gpt2(model)
+    if _standard(model) and cfg.arch == "encoder" and cfg.norm_position == "post":
+        return _bert(model)
+    if _standard(model) and cfg.arch == "encoder" and cfg.norm_position == "pre":
+        return _xlm_roberta_xl(model)
+    return _remote(model)
+
+
+def _common(model: Transformer) -> dict[str, Any]:
+    cfg = model.cfg
+    return {
+        "vocab_size": cfg.vocab_size,
+        "initializer_range": cfg.init_std,
+        "pad_token_id": SPECIAL.pad,
+        "bos_token_id": SPECIAL.bos,
+        "eos_token_id": SPECIAL.eos,
+        "tie_word_embeddings": True,
+    }
+
+
+def _gpt2(model: Transformer) -> HFLayout:
+    cfg, state = model.cfg, model.state_dict()
+    tensors = {
+        "transformer.wte.weight": state["embed.weight"],
+        "transformer.wpe.weight": state["positions.weight"],
+    }
+    renames = {  # GPT-2's Conv1D keeps weights as [in, out]: ours transposed
+        "norm1": "ln_1",
+        "self_attn.qkv": "attn.c_attn",
+        "self_attn.out": "attn.c_proj",
+        "norm2": "ln_2",
+        "mlp.up": "mlp.c_fc",
+        "mlp.down": "mlp.c_proj",
+    }
+    for i in range(cfg.n_layers):
+        for ours, theirs in renames.items():
+            weight, bias = (
+                state[f"decoder.blocks.{i}.{ours}.weight"],
+                state[f"decoder.blocks.{i}.{ours}.bias"],
+            )
+            tensors[f"transformer.h.{i}.{theirs}.weight"] = weight if ours.startswith("norm") else weight.T
+            tensors[f"transformer.h.{i}.{theirs}.bias"] = bias
+    tensors["transformer.ln_f.weight"] = state["decoder.edge_norm.weight"]
+    tensors["transformer.ln_f.bias"] = state["decoder.edge_norm.bias"]
+    config = _common(model) | {
+        "model_type": "gpt2",
+        "n_positions": cfg.max_len,
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layers,
+        "n_head": cfg.n_heads,
+        "n_inner": cfg.d_ff,
+        "activation_function": "gelu",  # the exact (erf) GELU, as ours; GPT-2's own is gelu_new
+        "layer_norm_epsilon": cfg.norm_eps,
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.dropout,
+    }
+    why = "a pre-norm decoder with learned positions, LayerNorm, GELU and biases is GPT-2 exactly"
+    return HFLayout("GPT2LMHeadModel", config, tensors, why)
+
+
+def _encoder_layers(model: Transformer, pre_norm: bool) -> dict[str, Tensor]:
+    """BERT's layer names (query/key/value apart); the norms where BERT or XLM-R XL has them."""
+    state, tensors = model.state_dict(), {}
+    for i in range(model.cfg.n_layers):
+        ours, theirs = f"encoder.blocks.{i}", f"encoder.layer.{i}"
+        for kind in ("weight", "bias"):
+            parts = state[f"{ours}.self_attn.qkv.{kind}"].chunk(3, dim=0)
+            for name, part in zip(("query", "key", "value"), parts, strict=True):
+                tensors[f"{theirs}.attention.self.{name}.{kind}"] = part
+            tensors[f"{theirs}.attention.output.dense.{kind}"] = state[f"{ours}.self_attn.out.{kind}"]
+            tensors[f"{theirs}.intermediate.dense.{kind}"] = state[f"{ours}.mlp.up.{kind}"]
+            tensors[f"{theirs}.output.dense.{kind}"] = state[f"{ours}.mlp.down.{kind}"]
+            if pre_norm:
+                tensors[f"{theirs}.attention.self_attn_layer_norm.{kind}"] = state[f"{ours}.norm1.{kind}"]
+                tensors[f"{theirs}.LayerNorm.{kind}"] = state[f"{ours}.norm2.{kind}"]
+            else:
+                tensors[f"{theirs}.attention.output.LayerNorm.{kind}"] = state[f"{ours}.norm1.{kind}"]
+                tensors[f"{theirs}.output.LayerNorm.{kind}"] = state[f"{ours}.norm2.{kind}"]
+    return tensors
+
+
+def _encoder_config(model: Transformer, positions: int) -> dict[str, Any]:
+    cfg = model.cfg
+    return _common(model) | {
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "intermediate_size": cfg.d_ff,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.dropout,
+        "max_position_embeddings": positions,
+        "type_vocab_size": 1,  # no segment embeddings: one all-zero type
+        "layer_norm_eps": cfg.norm_eps,
+    }
+
+
+def _bert(model: Transformer) -> HFLayout:
+    cfg, state = model.cfg, model.state_dict()
+    tensors = {
+        "embeddings.word_embeddings.weight": state["embed.weight"],
+        "embeddings.position_embeddings.weight": state["positions.weight"],
+        "embeddings.token_type_embeddings.weight": torch.zeros(1, cfg.d_model),
+        "embeddings.LayerNorm.weight": state["encoder.edge_norm.weight"],
+        "embeddings.LayerNorm.bias": state["encoder.edge_norm.bias"],
+    }
+    tensors |= _encoder_layers(model, pre_norm=False)
+    config = _encoder_config(model, cfg.max_len) | {"model_type": "bert"}
+    why = (
+        "a post-norm encoder with learned positions, LayerNorm on the embeddings, GELU and biases is "
+        "BERT exactly (BertModel: hidden states; BertForMaskedLM's head has a transform ours lacks, so "
+        "MLM logits are the hidden states times the word embeddings)"
+    )
+    return HFLayout("BertModel", config, tensors, why)
+
+
+def _xlm_roberta_xl(model: Transformer) -> HFLayout:
+    cfg, state = model.cfg, model.state_dict()
+    # RoBERTa numbers real tokens from pad_id + 1 (pad tokens get pad_id): our table, shifted
+    offset = SPECIAL.pad + 1
+    positions = torch.cat([torch.zeros(offset, cfg.d_model), state["positions.weight"]])
+    tensors = {
+        "embeddings.word_embeddings.weight": state["embed.weight"],
+        "embeddings.position_embeddings.weight": positions,
+        "embeddings.token_type_embeddings.weight": torch.zeros(1, cfg.d_model),
+        "encoder.LayerNorm.weight": state["encoder.edge_norm.weight"],
+        "encoder.LayerNorm.bias": state["encoder.edge_norm.bias"],
+    }
+    tensors |= _encoder_layers(model, pre_norm=True)
+    config = _encoder_config(model, cfg.max_len + offset) | {"model_type": "xlm-roberta-xl"}
+    why = (
+        "a pre-norm encoder with learned positions and no norm on the embeddings is XLM-RoBERTa-XL "
+        "exactly (RoBERTa-PreLayerNorm normalises the embeddings, ours does not; XLMRobertaXLModel: "
+        "hidden states, MLM logits are the hidden states times the word embeddings)"
+    )
+    return HFLayout("XLMRobertaXLModel", config, tensors, why)
+
+
+def _remote(model: Transformer) -> HFLayout:
+    cfg = model.cfg
+    differs = {
+        "positions": cfg.positions != "learned",
+        "norm": cfg.norm != "layernorm",
+        "mlp": cfg.mlp != "gelu",
+        "bias": not cfg.bias,
+        "norm_position": cfg.arch == "decoder" and cfg.norm_position == "post",
+    }
+    named = [f"{key}={getattr(cfg, key)}" for key, different in differs.items() if different]
+    if cfg.arch == "encoder_decoder":
+        reason = "no transformers encoder-decoder has ours (BART and mBART normalise the embeddings)"
+    elif cfg.arch == "decoder" and cfg.norm_position == "post":
+        reason = (
+            "a post-norm decoder normalising its embeddings matches no transformers class (GPT-1 does not)"
+        )
+    else:
+        reason = f"no transformers {cfg.arch} has {', '.join(named)}"
+    lm = {"encoder": "AutoModelForMaskedLM", "decoder": "AutoModelForCausalLM"}.get(
+        cfg.arch, "AutoModelForSeq2SeqLM"
+    )
+    config = _common(model) | {
+        "model_type": "lmpipe",
+        "lmpipe": cfg.to_dict(),
+        "auto_map": {
+            "AutoConfig": "modeling_lmpipe.LmpipeConfig",
+            "AutoModel": "modeling_lmpipe.LmpipeModel",
+            lm: "modeling_lmpipe.LmpipeForLM",
+            "AutoModelForSequenceClassification": "modeling_lmpipe.LmpipeForSequenceClassification",
+        },
+    }
+    tensors = {f"net.{key}": value for key, value in model.state_dict().items()}
+    return HFLayout(
+        "LmpipeForLM", config, tensors, f"{reason}: remote code (trust_remote_code=True) runs our modules"
+    )

@@ -1,0 +1,155 @@
+"""transformers classes around our Transformer, for configurations no transformers class computes
+exactly (rotary or sinusoidal positions, RMSNorm, SwiGLU, no biases, our encoder-decoder).
+
+An export writes models/config.py, models/transformer.py and this file, concatenated, as
+`modeling_lmpipe.py`: the modules that trained the weights, loaded with
+`trust_remote_code=True`. Needs transformers (the `hf` extra).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+
+from models.config import ModelConfig
+from models.transformer import Transformer, rope_tables, sinusoidal_table
+
+START_ID = 2  # <s>: the decoder's first input (span corruption's start token)
+
+
+class LmpipeConfig(PretrainedConfig):
+    model_type = "lmpipe"
+
+    def __init__(self, lmpipe: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self.lmpipe = dict(lmpipe or {})  # models.config.ModelConfig's fields
+        super().__init__(**kwargs)
+
+
+class LmpipePreTrainedModel(PreTrainedModel):
+    config_class = LmpipeConfig
+    base_model_prefix = "net"
+
+    def __init__(self, config: LmpipeConfig) -> None:
+        super().__init__(config)
+        self.net = Transformer(ModelConfig(**config.lmpipe))
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """For what the checkpoint lacks: a new head as ours are initialised; the position tables,
+        which are computed, never stored (transformers may build the model on the meta device)."""
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=self.net.cfg.init_std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        if isinstance(module, Transformer):
+            cfg = module.cfg
+            if cfg.positions == "rope":
+                cos, sin = rope_tables(cfg.max_len, cfg.head_dim)
+                module.rope_cos.copy_(cos)
+                module.rope_sin.copy_(sin)
+            elif cfg.positions == "sinusoidal":
+                module.sinusoid.copy_(sinusoidal_table(cfg.max_len, cfg.d_model))
+
+    def hidden(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        decoder_input_ids: Tensor | None = None,
+        decoder_attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """The last stack's states; an encoder-decoder without decoder ids runs its decoder on <s>."""
+        pad = None if attention_mask is None else attention_mask.bool()
+        decoder_pad = None if decoder_attention_mask is None else decoder_attention_mask.bool()
+        if self.net.cfg.arch == "encoder_decoder" and decoder_input_ids is None:
+            decoder_input_ids = torch.full_like(input_ids[:, :1], START_ID)
+        return self.net(input_ids, pad, decoder_input_ids, decoder_pad)
+
+
+class LmpipeModel(LmpipePreTrainedModel):
+    def __init__(self, config: LmpipeConfig) -> None:
+        super().__init__(config)
+        self.post_init()
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any
+    ) -> BaseModelOutput:
+        return BaseModelOutput(last_hidden_state=self.hidden(input_ids, attention_mask, *_decoder(kwargs)))
+
+
+class LmpipeForLM(LmpipePreTrainedModel):
+    """Logits over the vocabulary through the tied embeddings, as in pretraining. `labels` (-100:
+    ignored) are the targets of each position: a decoder's are its inputs shifted by one, an
+    encoder-decoder's are the decoder's targets (its inputs are <s> and the labels shifted right)."""
+
+    def __init__(self, config: LmpipeConfig) -> None:
+        super().__init__(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        **kwargs: Any,
+    ) -> MaskedLMOutput:
+        decoder_ids, decoder_mask = _decoder(kwargs)
+        if decoder_ids is None and labels is not None and self.net.cfg.arch == "encoder_decoder":
+            start = torch.full_like(labels[:, :1], START_ID)
+            decoder_ids = torch.cat([start, labels[:, :-1].clamp(min=0)], dim=1)
+        logits = self.net.lm_logits(self.hidden(input_ids, attention_mask, decoder_ids, decoder_mask))
+        loss = None
+        if labels is not None:
+            scored, targets = logits, labels
+            if self.net.cfg.arch == "decoder":
+                scored, targets = logits[:, :-1], labels[:, 1:]
+            loss = F.cross_entropy(scored.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+
+class LmpipeForSequenceClassification(LmpipePreTrainedModel):
+    """The pooling our fine-tuning uses by default ([CLS], the last real token, the mean encoder
+    state), dropout and a linear head; regression when num_labels is 1."""
+
+    def __init__(self, config: LmpipeConfig) -> None:
+        super().__init__(config)
+        self.drop = nn.Dropout(0.1)
+        self.score = nn.Linear(self.net.cfg.d_model, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutput:
+        mask = (
+            torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        )
+        arch = self.net.cfg.arch
+        if arch == "encoder":
+            pooled = self.net.encode(input_ids, mask)[:, 0]
+        elif arch == "decoder":
+            last = mask.long().sum(1) - 1
+            pooled = self.net.decode(input_ids, mask)[torch.arange(len(input_ids)), last]
+        else:
+            memory = self.net.encode(input_ids, mask)
+            weights = mask.unsqueeze(-1).to(memory.dtype)
+            pooled = (memory * weights).sum(1) / weights.sum(1).clamp(min=1)
+        logits = self.score(self.drop(pooled))
+        loss = None
+        if labels is not None:
+            if self.config.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
+            else:
+                loss = F.cross_entropy(logits, labels.long())
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+def _decoder(kwargs: dict[str, Any]) -> tuple[Tensor | None, Tensor | None]:
+    return kwargs.get("decoder_input_ids"), kwargs.get("decoder_attention_mask")

@@ -1,0 +1,105 @@
+"""The `scaling` preset: the law's fit on known data, and a CI-sized ladder on the default profile
+through DVC experiments, with its report, plot and MLflow parent."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+
+from flows.ablation import main as ablation_main
+from flows.common import PipelineError
+from flows.scaling import budget_override, fit_law, ladder_points, law, non_embedding_parameters
+from tests.project import make_project, sh
+
+
+def test_fit_recovers_a_known_law_with_its_uncertainty() -> None:
+    n = np.geomspace(1e5, 5e6, 6)
+    noise = np.random.default_rng(0).normal(0, 0.005, len(n))
+    fit = fit_law(n, law(n, 40.0, 0.25, 2.0) + noise)
+    assert abs(fit.alpha - 0.25) < 3 * fit.errors[1] + 0.02 and fit.errors[1] > 0
+    assert abs(fit.c - 2.0) < 3 * fit.errors[2] + 0.05
+    assert fit.extrapolated_n == 5e7
+    assert abs(fit.extrapolated_loss - law(5e7, 40.0, 0.25, 2.0)) < 3 * fit.extrapolated_error + 0.02
+
+
+def test_ladder_and_budgets() -> None:
+    assert non_embedding_parameters(128, 2, 512) == 2 * (4 * 128 * 128 + 2 * 128 * 512)  # `tiny`: 393,216
+    points = ladder_points([(128, 2, 2), (192, 2, 3), (256, 3, 4), (320, 4, 5)])
+    assert points[1] == {
+        "models": "decoder_clm",
+        "++models.decoder_clm.d_model": 192,
+        "++models.decoder_clm.n_layers": 2,
+        "++models.decoder_clm.n_heads": 3,
+        "++models.decoder_clm.d_ff": 768,
+    }
+    override, steps = budget_override(393_216, 2048, 20.0)  # 7.9 M tokens at 2,048 a step
+    assert steps == math.ceil(20 * 393_216 / 2048) == 3840
+    assert override == "++pretrain.models.decoder_clm={max_steps:3840,warmup_steps:384,max_minutes:null}"
+    with pytest.raises(PipelineError, match="at least 4 sizes"):
+        ladder_points([(128, 2, 2)] * 3)
+    with pytest.raises(PipelineError, match="not divisible"):
+        ladder_points([(128, 2, 3)] * 4)
+
+
+def test_bad_scaling_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert ablation_main(["scaling", "--sizes", "[[64, 2]]"]) != 0
+    assert ablation_main(["masking_rate", "--tokens-per-parameter", "5"]) != 0
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors[0].endswith("--sizes: give a list of [d_model, n_layers, n_heads], e.g. [[128, 2, 2], ...]")
+    assert errors[1].endswith("--tokens-per-parameter and --sizes are for the scaling preset")
+
+
+@pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
+def test_ci_sized_ladder_fits_the_law(tmp_path: Path) -> None:
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.scaling import scaling
+
+    def one_decoder(params: dict) -> None:
+        params["sample"]["documents"] = 300
+        params["clean"]["workers"] = 1
+        params["models"] = {"decoder_clm": params["models"]["decoder_clm"]}
+        params["pretrain"].update(val_every=1000, checkpoint_every=1000)
+
+    project = make_project(tmp_path / "project", one_decoder)
+    sh(project, "dvc", "repro", "pack")
+    sh(project, "git", "add", "-A")
+    sh(project, "git", "commit", "-qm", "data")
+    sizes = [(32, 1, 2), (48, 1, 2), (64, 2, 2), (96, 2, 2)]
+    with prefect_test_harness(server_startup_timeout=60):
+        result = scaling(repo=str(project), name="ladder", tokens_per_parameter=1.0, sizes=sizes)
+
+    rows = result["rows"]
+    n = [row["n"] for row in rows]
+    assert n == [non_embedding_parameters(d, layers, 4 * d) for d, layers, _ in sizes]
+    assert [row["steps"] for row in rows] == [max(10, math.ceil(x / 2048)) for x in n]
+    assert [row["tokens"] for row in rows] == [
+        row["steps"] * 2048 for row in rows
+    ]  # what each one trained on
+    fit = result["fit"]
+    assert fit is not None and fit["alpha"] > 0
+    losses = np.array([row["val_loss"] for row in rows])
+    assert losses[-1] < losses[0]  # the largest model beats the smallest on the same tokens per parameter
+    report = project / "reports/ablation/ladder"
+    text = (report / "scaling.md").read_text()
+    assert f"α = {fit['alpha']:.3f}" in text and "10× the largest" in text and "Synthetic data" in text
+    assert (report / "scaling.png").stat().st_size > 0
+    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    parent = client.get_run(result["parent_run_id"])
+    assert parent.data.metrics["alpha"] == pytest.approx(fit["alpha"])
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
+        "scaling.md",
+        "scaling.png",
+        "scaling.csv",
+    }
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    assert sorted(run.data.metrics["n"] for run in children) == n
+    shown = sh(project, "dvc", "exp", "show", "--csv").stdout
+    assert all(f"ladder-{i}" in shown for i in range(1, 5))

@@ -161,6 +161,34 @@ def log_to_finetune_runs(table: pd.DataFrame, experiment: str) -> None:
         )
 
 
+def log_to_model_runs(
+    params: Params, summary: dict[str, Any], versus_scratch: dict[str, dict[str, Difference]], parent: str
+) -> None:
+    """What the MLflow UI shows without set-up: each model's pretrain run (found by the digest of the
+    weights its fine-tunes loaded) and this execution's parent run get the model's GLUE scores and Δ
+    vs scratch as metrics (`glue.<task>`, `glue.delta.<task>`) and the verdicts as tags."""
+    from stages.tracking import WEIGHTS_TAG, find_run, log_to_run, set_run_tags
+
+    experiment = params.tracking.experiment
+    for model, found in versus_scratch.items():
+        scores_of = {f"glue.{key}": value for key, value in summary[model]["pretrained"].items()}
+        scores_of |= {f"glue.delta.{key}": d.delta for key, d in found.items()}
+        verdicts = {f"verdict.{key}": d.verdict for key, d in found.items()}
+        task = params.glue.tasks[0]
+        ran = read_json(
+            finetune_dir(model, task, "pretrained") / "summary.json",
+            finetune_stage(model, task, "pretrained"),
+        )
+        weights = ran.get("weights_sha256")
+        run_id = weights and find_run(experiment, {"stage": "pretrain", "model": model, WEIGHTS_TAG: weights})
+        if not run_id:
+            log.warning("evaluate: the pretrain run of %s is not in this MLflow store", model)
+        else:
+            log_to_run(run_id, scores_of)
+            set_run_tags(run_id, verdicts)
+        log_to_run(parent, {f"{model}.{key}": value for key, value in scores_of.items()})
+
+
 def summarize(table: pd.DataFrame) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
     """model -> init -> evaluation -> metric -> median over seeds."""
     medians: dict[str, Any] = {}
@@ -476,6 +504,7 @@ def main() -> None:
             }
         )
         log_to_finetune_runs(scored.table, params.tracking.experiment)
+        log_to_model_runs(params, summary, versus_scratch, run.parent_id)
         for path in (GLUE_METRICS, GLUE_REPORT, GLUE_TABLE, GLUE_CHART):
             run.log_artifact(str(path))
         for model, found in versus_scratch.items():

@@ -1,14 +1,18 @@
 """MLflow conventions, all of them: the store, one run per stage execution with params, counts,
 duration and tags, the tags that link the runs of one pipeline, and the flows' parent runs.
 
-The store is `sqlite:///mlflow.db` in the repo unless `MLFLOW_TRACKING_URI` says otherwise; a
-pipeline or sweep that wants its stage runs grouped sets `LMPIPE_PARENT_RUN_ID`. A fine-tune's run is
-found by the digest of the weights it loaded (`weights_sha256` on the pretrain run) and `evaluate`
-finds each fine-tune run by the digest of its predictions (`predictions_sha256`).
+The store is `sqlite:///mlflow.db` in the repo unless `MLFLOW_TRACKING_URI` says otherwise. The
+experiment is marked as model training, so that MLflow 3's UI opens it on its runs, not on the GenAI
+overview. Every stage run has a parent that groups one pipeline execution: the flow's run when a flow
+sets `LMPIPE_PARENT_RUN_ID`, else a `pipeline` run per (DVC experiment or workspace, commit,
+params.yaml), found or created by the first stage that runs. A fine-tune's run is found by the digest
+of the weights it loaded (`weights_sha256` on the pretrain run) and `evaluate` finds each fine-tune run
+by the digest of its predictions (`predictions_sha256`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import subprocess
@@ -22,6 +26,9 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PARENT_RUN_ENV = "LMPIPE_PARENT_RUN_ID"
 WEIGHTS_TAG = "weights_sha256"
 PREDICTIONS_TAG = "predictions_sha256"
+PIPELINE_TAG = "pipeline_key"
+# MLflow 3 opens an experiment without this tag on its GenAI overview ("Traces 0"), not on its runs
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _MLFLOW_BATCH = 100  # MLflow's per-request cap on params
 _MLFLOW_METRIC_BATCH = 1000  # and on metrics
 
@@ -51,14 +58,45 @@ def child_env(parent_run_id: str, uri: str) -> dict[str, str]:
     return {PARENT_RUN_ENV: parent_run_id, "MLFLOW_TRACKING_URI": uri}
 
 
-def run_tags(stage: str, tags: Mapping[str, Any] | None = None) -> dict[str, str]:
+def experiment_id(client: Any, name: str) -> str:
+    """The experiment `name` (created if missing), marked as model training."""
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        return client.create_experiment(name, tags=EXPERIMENT_KIND)
+    for key, value in EXPERIMENT_KIND.items():
+        if found.tags.get(key) != value:
+            client.set_experiment_tag(found.experiment_id, key, value)
+    return found.experiment_id
+
+
+def pipeline_parent(client: Any, experiment: str) -> str:
+    """The parent run of this pipeline execution's stage runs: the flow's, or the `pipeline` run of this
+    (DVC experiment or workspace, commit, params.yaml), created by the first stage that needs it."""
+    if os.environ.get(PARENT_RUN_ENV):
+        return os.environ[PARENT_RUN_ENV]
+    workspace, commit = os.environ.get("DVC_EXP_NAME", "workspace"), git_commit()
+    params = Path("params.yaml").read_bytes() if Path("params.yaml").exists() else b""
+    key = hashlib.sha256(b"\0".join([workspace.encode(), commit.encode(), params])).hexdigest()[:12]
+    found = client.search_runs(
+        [experiment],
+        f"tags.`{PIPELINE_TAG}` = '{key}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=1,
+    )
+    if found:
+        return found[0].info.run_id
+    tags = {"stage": "pipeline", PIPELINE_TAG: key, "git_commit": commit, "dvc_experiment": workspace}
+    run = client.create_run(experiment, run_name=f"pipeline {workspace} {commit[:7]} {key[:6]}", tags=tags)
+    client.set_terminated(run.info.run_id)  # a folder for the stage runs: it has nothing to run
+    return run.info.run_id
+
+
+def run_tags(stage: str, parent: str, tags: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The tags of a stage's run: the stage, the code's commit, the DVC experiment and the parent run
     that group one pipeline execution, and the stage's own."""
-    found = {"stage": stage, "git_commit": git_commit(), **(tags or {})}
+    found = {"stage": stage, "git_commit": git_commit(), **(tags or {}), "mlflow.parentRunId": parent}
     if os.environ.get("DVC_EXP_NAME"):
         found["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
-    if os.environ.get(PARENT_RUN_ENV):
-        found["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
     return {k: str(v) for k, v in found.items()}
 
 
@@ -80,9 +118,10 @@ def git_commit() -> str:
 class StageRun:
     """The handle a stage logs through while its MLflow run is open."""
 
-    def __init__(self, mlflow_module: Any, run_id: str) -> None:
+    def __init__(self, mlflow_module: Any, run_id: str, parent_id: str) -> None:
         self._mlflow = mlflow_module
         self.run_id = run_id
+        self.parent_id = parent_id  # the pipeline execution's run
 
     def log_metrics(self, metrics: Mapping[str, Any]) -> None:
         numeric = {
@@ -121,13 +160,16 @@ def stage_run(
     import mlflow  # slow to import; only stages that run pay for it
 
     mlflow.set_tracking_uri(tracking_uri())
-    mlflow.set_experiment(experiment)
-    with mlflow.start_run(run_name=run_name or stage, tags=run_tags(stage, tags)) as run:
+    client = mlflow.MlflowClient()
+    experiment_id_ = experiment_id(client, experiment)
+    mlflow.set_experiment(experiment_id=experiment_id_)
+    parent = pipeline_parent(client, experiment_id_)
+    with mlflow.start_run(run_name=run_name or stage, tags=run_tags(stage, parent, tags)) as run:
         flat = [(k, "" if v is None else str(v)) for k, v in flatten(params).items()]
         for i in range(0, len(flat), _MLFLOW_BATCH):
             mlflow.log_params(dict(flat[i : i + _MLFLOW_BATCH]))
         started = time.perf_counter()
-        yield StageRun(mlflow, run.info.run_id)
+        yield StageRun(mlflow, run.info.run_id, parent)
         mlflow.log_metric("duration_s", time.perf_counter() - started)
 
 
@@ -146,11 +188,13 @@ def lightning_logger(
     from lightning.pytorch.utilities import rank_zero_only
 
     run_id = run_file.read_text().strip() if resuming and run_file.exists() else None
+    client = _client()
+    parent = pipeline_parent(client, experiment_id(client, experiment))
     logger = MLFlowLogger(
         experiment_name=experiment,
         run_name=f"pretrain@{name}",
         tracking_uri=tracking_uri(),
-        tags=None if run_id else run_tags("pretrain", tags),
+        tags=None if run_id else run_tags("pretrain", parent, tags),
         run_id=run_id,
     )
     if rank_zero_only.rank == 0:  # only rank 0 has a run (DDP/FSDP start one process per device)
@@ -179,6 +223,13 @@ def log_to_run(run_id: str, metrics: Mapping[str, float]) -> None:
     _client().log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
 
 
+def set_run_tags(run_id: str, tags: Mapping[str, Any]) -> None:
+    """Tags on an existing (finished) run."""
+    from mlflow.entities import RunTag
+
+    _client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
 class FlowTracking:
     """A flow's MLflow runs: a parent, and children of it (the ablation's points)."""
 
@@ -187,8 +238,7 @@ class FlowTracking:
 
         self.uri = tracking_uri(repo_dir)
         self.client = mlflow.MlflowClient(self.uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        self.experiment_id = experiment_id(self.client, experiment)
 
     def start(self, name: str, tags: Mapping[str, Any], parent: str | None = None) -> str:
         tags = {k: str(v) for k, v in tags.items()}

@@ -47,9 +47,17 @@ def test_every_stage_execution_is_an_mlflow_run(repo: Path) -> None:
 
     client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("lmpipe")
-    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    every = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    runs = [r for r in every if r.data.tags["stage"] != "pipeline"]
     stages = [r.data.tags["stage"] for r in runs]
     assert stages == ["sample", "ingest", "clean", "tokenizer", "pack", "clean", "tokenizer", "pack"]
+    # each `dvc repro` (one commit and params.yaml) is one parent run in the UI, its stage runs under it
+    parents = [r for r in every if r.data.tags["stage"] == "pipeline"]
+    assert len(parents) == 2
+    assert [r.data.tags["mlflow.parentRunId"] for r in runs] == [parents[0].info.run_id] * 5 + [
+        parents[1].info.run_id
+    ] * 3
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens on its runs
     commit = sh(repo, "git", "rev-parse", "HEAD~1").stdout.strip()
     for run in runs:
         assert run.info.status == "FINISHED"

@@ -110,7 +110,11 @@ def scored(workdir: Workdir, glue_dir: Path) -> Workdir:
                     runs[(model, init, name, seed)] = finished_run({**tags, "predictions_sha256": digest})
                     finished_run({**tags, "predictions_sha256": "an older run of other predictions"})
                     seeds[str(seed)] = {"predictions_sha256": digest}
-                (run_dir / "summary.json").write_text(json.dumps({"seeds": seeds}))
+                weights = f"weights of {model}" if init == "pretrained" else None
+                (run_dir / "summary.json").write_text(json.dumps({"seeds": seeds, "weights_sha256": weights}))
+        runs[(model, "pretrain")] = finished_run(
+            {"stage": "pretrain", "model": model, "weights_sha256": f"weights of {model}"}
+        )
     workdir.truth, workdir.runs = truth, runs
     return workdir
 
@@ -220,6 +224,19 @@ def test_every_fine_tune_run_gets_its_scores_in_mlflow(scored: Workdir) -> None:
     )
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"glue.md", "glue.json", "glue.csv", "glue.png"} <= artifacts
+    # the comparison a user came for, on the model's own pretrain run and on the execution's parent
+    glue = json.loads((scored.path / "metrics/glue.json").read_text())
+    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["stage"] == "pipeline"
+    for model in MODELS:
+        pretrain = client.get_run(scored.runs[(model, "pretrain")]).data
+        for task, value in glue[model]["pretrained"].items():
+            assert pretrain.metrics[f"glue.{task}"] == pytest.approx(value)
+            assert parent.data.metrics[f"{model}.glue.{task}"] == pytest.approx(value)
+        for task, value in glue[model]["delta"].items():
+            assert pretrain.metrics[f"glue.delta.{task}"] == pytest.approx(value)
+            assert pretrain.tags[f"verdict.{task}"] == glue[model]["verdict"][task]
+    assert client.get_experiment_by_name("lmpipe").tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_bad_prediction_files_are_named_and_nothing_is_written(scored: Workdir) -> None:

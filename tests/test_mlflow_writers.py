@@ -9,6 +9,7 @@ from pathlib import Path
 
 import mlflow
 
+from stages.tracking import PARENT_RUN_ENV
 from tests.conftest import ROOT
 
 WRITER = """
@@ -28,7 +29,8 @@ def test_four_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment_id = client.create_experiment("writers")  # as a sweep does: the store exists first
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
+    sweep = client.create_run(experiment_id, tags={"stage": "ablation"}).info.run_id  # and its parent run
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT), PARENT_RUN_ENV: sweep}
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(i)], env=env, stderr=subprocess.PIPE, text=True)
         for i in range(4)
@@ -36,11 +38,11 @@ def test_four_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     for writer in writers:
         assert writer.wait(timeout=300) == 0, writer.stderr.read()
 
-    runs = client.search_runs([experiment_id])
+    runs = [run for run in client.search_runs([experiment_id]) if run.info.run_id != sweep]
     assert sorted(int(run.data.tags["writer"]) for run in runs) == [0, 1, 2, 3]
     for run in runs:
         index = int(run.data.tags["writer"])
-        assert run.info.status == "FINISHED"
+        assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == sweep
         assert run.data.params["objectives.mlm.mask_rate"] == str(0.1 * index)
         for key, count in [("loss", 100), ("step_seen", 100), ("curve", 500)]:
             assert len(client.get_metric_history(run.info.run_id, key)) == count

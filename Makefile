@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: setup repro test lint bench clean-venv
+.PHONY: setup repro test lint bench ui clean-venv
 
 setup: $(STAMP)
 
@@ -26,8 +26,15 @@ else
 	@echo
 	@echo "GLUE report: reports/glue.md (every seed: reports/glue.csv; chart: reports/glue.png)"
 	@awk '/^> \*\*Synthetic/; /^\| Model/ {t = 1} t && /^$$/ {exit} t' reports/glue.md  # the first table
-	@echo "Pretrained models: checkpoints/*/final. Every run: mlflow ui --backend-store-uri sqlite:///mlflow.db"
+	@echo "Pretrained models: checkpoints/*/final (transformers: checkpoints/*/hf). Every run: make ui"
 endif
+
+# the MLflow UI on the project's store, on 127.0.0.1; prints the page of this project's runs
+UI_PORT ?= 5000
+ui: setup
+	@$(BIN)/python -c "from stages.params import load_params; from stages.tracking import ui_link; \
+	print('MLflow:', ui_link(load_params().tracking.experiment, $(UI_PORT)))"
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
 # the hf extra (transformers) for the export tests
 $(VENV)/.installed-hf: $(STAMP)

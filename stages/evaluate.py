@@ -167,7 +167,7 @@ def log_to_model_runs(
     """What the MLflow UI shows without set-up: each model's pretrain run (found by the digest of the
     weights its fine-tunes loaded) and this execution's parent run get the model's GLUE scores and Δ
     vs scratch as metrics (`glue.<task>`, `glue.delta.<task>`) and the verdicts as tags."""
-    from stages.tracking import WEIGHTS_TAG, find_run, log_to_run, set_run_tags
+    from stages.tracking import WEIGHTS_TAG, close_pipeline_run, find_run, log_to_run, set_run_tags
 
     experiment = params.tracking.experiment
     for model, found in versus_scratch.items():
@@ -187,6 +187,7 @@ def log_to_model_runs(
             log_to_run(run_id, scores_of)
             set_run_tags(run_id, verdicts)
         log_to_run(parent, {f"{model}.{key}": value for key, value in scores_of.items()})
+    close_pipeline_run(parent)
 
 
 def summarize(table: pd.DataFrame) -> dict[str, dict[str, dict[str, dict[str, float]]]]:

@@ -86,7 +86,7 @@ def pipeline_parent(client: Any, experiment: str) -> str:
     if found:
         return found[0].info.run_id
     tags = {"stage": "pipeline", PIPELINE_TAG: key, "git_commit": commit, "dvc_experiment": workspace}
-    run = client.create_run(experiment, run_name=f"pipeline {workspace} {commit[:7]} {key[:6]}", tags=tags)
+    run = client.create_run(experiment, run_name=f"{workspace} {commit[:7]} {key[:4]}", tags=tags)
     client.set_terminated(run.info.run_id)  # a folder for the stage runs: it has nothing to run
     return run.info.run_id
 
@@ -221,6 +221,22 @@ def log_to_run(run_id: str, metrics: Mapping[str, float]) -> None:
 
     now = int(time.time() * 1000)
     _client().log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+
+
+def ui_link(experiment: str, port: int) -> str:
+    """The page of `mlflow ui` that shows the experiment's runs: in MLflow 3's model-training view,
+    which the UI otherwise opens only after the user switches from its GenAI default."""
+    found = _client().get_experiment_by_name(experiment)
+    page = f"experiments/{found.experiment_id}" if found else "experiments"
+    return f"http://127.0.0.1:{port}/#/{page}?workflowType=machine_learning"
+
+
+def close_pipeline_run(run_id: str) -> None:
+    """The execution ends with evaluate: a `pipeline` run's end time becomes now, so that the UI shows
+    the execution's duration (a flow's own parent run is the flow's business)."""
+    client = _client()
+    if client.get_run(run_id).data.tags.get("stage") == "pipeline":
+        client.set_terminated(run_id, "FINISHED")
 
 
 def set_run_tags(run_id: str, tags: Mapping[str, Any]) -> None:

@@ -78,3 +78,34 @@ def test_flops_grow_with_every_size_knob() -> None:
     base = count_step_flops(model, train)
     for change in itertools.chain([{"d_model": 128}, {"n_layers": 3}, {"d_ff": 320}, {"vocab_size": 2000}]):
         assert count_step_flops(model.with_(**change), train) > base, change
+
+
+def test_training_logs_flops_per_second_and_mfu_against_a_peak(tmp_path) -> None:
+    """What a GPU run logs (the peak comes from the device's name there; here it is given): the FLOP
+    rate of the measured step count, and MFU = rate / peak."""
+    import lightning as L
+    import numpy as np
+    import pandas as pd
+    from lightning.pytorch.loggers import CSVLogger
+
+    from models.lightning import TokenDataModule
+
+    model, train = configs("decoder", "clm", VARIANTS[0])
+    np.random.default_rng(0).integers(107, 1000, 20_000, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    np.random.default_rng(1).integers(107, 1000, 2_000, dtype=np.uint16).tofile(tmp_path / "val.bin")
+    module = PretrainModule(model.to_dict(), {**train.__dict__, "max_steps": 6, "warmup_steps": 1})
+    module.step_flops, module.peak_flops = count_step_flops(model, train), 1e12
+    trainer = L.Trainer(
+        max_steps=6,
+        logger=CSVLogger(tmp_path),
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(module, datamodule=TokenDataModule(tmp_path, module.cfg, 1000, "uint16"))
+    logged = pd.read_csv(next(tmp_path.rglob("metrics.csv")))
+    rate, mfu = logged["train/flops_per_s"].dropna(), logged["train/mfu"].dropna()
+    assert len(rate) >= 4 and (rate > 0).all()
+    np.testing.assert_allclose(mfu.to_numpy(), rate.to_numpy() / 1e12)

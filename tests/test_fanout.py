@@ -195,7 +195,7 @@ def test_a_pooled_sweep_runs_a_point_on_each_worker_and_compares_as_locally(
     for point in points:
         float(point.data.tags["dispatch_s"])
         stages = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{point.info.run_id}'")
-        assert {run.data.tags["stage"] for run in stages} == {"pretrain", "finetune", "evaluate"}
+        assert {run.data.tags["stage"] for run in stages} == {"pretrain", "export", "finetune", "evaluate"}
     print(summary)  # the dispatch figures the README quotes (pytest -s)
 
 

@@ -398,7 +398,7 @@ def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
     axes[0][0].set_ylabel("score ×100 (± std over seeds)")
     axes[0][0].legend(fontsize="small")
     fig.tight_layout()
-    return _png(fig, plt)
+    return png(fig, plt)
 
 
 def plot_losses(
@@ -419,10 +419,11 @@ def plot_losses(
     ax.set_ylabel("pretraining train loss")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    return _png(fig, plt)
+    return png(fig, plt)
 
 
-def _png(fig: Any, plt: Any) -> bytes:
+def png(fig: Any, plt: Any) -> bytes:
+    """A matplotlib figure as PNG bytes without a timestamp (the same plot, the same bytes), closed."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", metadata={"Software": None})
     plt.close(fig)
@@ -652,6 +653,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    def run_options() -> dict[str, Any]:
+        """What every sweep takes from the command line, the profile's folders checked first."""
+        if args.profile:
+            profiles.overrides(args.profile, args.corpus, args.glue)
+        names = [
+            "repo",
+            "max_parallel",
+            "name",
+            "profile",
+            "corpus",
+            "glue",
+            "pool",
+            "dvc_remote",
+            "git_remote",
+        ]
+        return {key: getattr(args, key) for key in names}
+
     def scaling_body() -> str:
         from flows.scaling import LADDER, TOKENS_PER_PARAMETER, ladder_points, scaling
 
@@ -671,20 +689,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--sizes: give a list of [d_model, n_layers, n_heads], e.g. [[128, 2, 2], ...]"
             )
         ladder_points([tuple(size) for size in sizes])  # at least 4, heads dividing d_model
-        if args.profile:
-            profiles.overrides(args.profile, args.corpus, args.glue)
         result = scaling(
-            repo=args.repo,
-            max_parallel=args.max_parallel,
-            name=args.name,
             tokens_per_parameter=args.tokens_per_parameter or TOKENS_PER_PARAMETER,
             sizes=[tuple(size) for size in sizes],
-            profile=args.profile,
-            corpus=args.corpus,
-            glue=args.glue,
-            pool=args.pool,
-            dvc_remote=args.dvc_remote,
-            git_remote=args.git_remote,
+            **run_options(),
         )
         return f"scaling fit: {result['report']}/scaling.md"
 
@@ -711,22 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if baseline is not None and not isinstance(baseline, dict):
             raise PipelineError('--baseline: give an object of values, e.g. {"pretrain.lr": 0.001}')
         baseline_index(values, baseline, args.preset)
-        if args.profile:
-            profiles.overrides(args.profile, args.corpus, args.glue)
-        result = ablation(
-            preset=args.preset,
-            grid=grid,
-            repo=args.repo,
-            max_parallel=args.max_parallel,
-            name=args.name,
-            baseline=baseline,
-            profile=args.profile,
-            corpus=args.corpus,
-            glue=args.glue,
-            pool=args.pool,
-            dvc_remote=args.dvc_remote,
-            git_remote=args.git_remote,
-        )
+        result = ablation(preset=args.preset, grid=grid, baseline=baseline, **run_options())
         return f"comparison: {result['report']}/comparison.md"
 
     return cli(body)

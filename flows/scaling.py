@@ -10,7 +10,6 @@ the model, and counting them bends the curve.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -180,10 +179,9 @@ def plot(rows: Sequence[dict[str, Any]], fit: Fit | None) -> bytes:
     ax.set_ylabel("validation loss")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
+    from flows.ablation import png
+
+    return png(fig, plt)
 
 
 @flow(name="scaling", log_prints=True)

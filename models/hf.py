@@ -121,6 +121,15 @@ def _encoder_layers(model: Transformer, pre_norm: bool) -> dict[str, Tensor]:
     return tensors
 
 
+def _embeddings(model: Transformer, positions: Tensor) -> dict[str, Tensor]:
+    """BERT-family embeddings: ours, a position table in the class's numbering, one all-zero type."""
+    return {
+        "embeddings.word_embeddings.weight": model.embed.weight,
+        "embeddings.position_embeddings.weight": positions,
+        "embeddings.token_type_embeddings.weight": torch.zeros(1, model.cfg.d_model),
+    }
+
+
 def _encoder_config(model: Transformer, positions: int) -> dict[str, Any]:
     cfg = model.cfg
     return _common(model) | {
@@ -139,13 +148,9 @@ def _encoder_config(model: Transformer, positions: int) -> dict[str, Any]:
 
 def _bert(model: Transformer) -> HFLayout:
     cfg, state = model.cfg, model.state_dict()
-    tensors = {
-        "embeddings.word_embeddings.weight": state["embed.weight"],
-        "embeddings.position_embeddings.weight": state["positions.weight"],
-        "embeddings.token_type_embeddings.weight": torch.zeros(1, cfg.d_model),
-        "embeddings.LayerNorm.weight": state["encoder.edge_norm.weight"],
-        "embeddings.LayerNorm.bias": state["encoder.edge_norm.bias"],
-    }
+    tensors = _embeddings(model, state["positions.weight"])
+    tensors["embeddings.LayerNorm.weight"] = state["encoder.edge_norm.weight"]
+    tensors["embeddings.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
     tensors |= _encoder_layers(model, pre_norm=False)
     config = _encoder_config(model, cfg.max_len) | {"model_type": "bert"}
     why = (
@@ -161,13 +166,9 @@ def _xlm_roberta_xl(model: Transformer) -> HFLayout:
     # RoBERTa numbers real tokens from pad_id + 1 (pad tokens get pad_id): our table, shifted
     offset = SPECIAL.pad + 1
     positions = torch.cat([torch.zeros(offset, cfg.d_model), state["positions.weight"]])
-    tensors = {
-        "embeddings.word_embeddings.weight": state["embed.weight"],
-        "embeddings.position_embeddings.weight": positions,
-        "embeddings.token_type_embeddings.weight": torch.zeros(1, cfg.d_model),
-        "encoder.LayerNorm.weight": state["encoder.edge_norm.weight"],
-        "encoder.LayerNorm.bias": state["encoder.edge_norm.bias"],
-    }
+    tensors = _embeddings(model, positions)
+    tensors["encoder.LayerNorm.weight"] = state["encoder.edge_norm.weight"]
+    tensors["encoder.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
     tensors |= _encoder_layers(model, pre_norm=True)
     config = _encoder_config(model, cfg.max_len + offset) | {"model_type": "xlm-roberta-xl"}
     why = (

@@ -122,13 +122,16 @@ def readme(name: str, architecture: str, why: str, remote: bool, weights_sha256:
 """
 
 
-def write_export(out: Path, model: Any, spm_model: Path, provenance: dict[str, str]) -> Any:
-    """The transformers folder of `model` (ours, any configuration) and the tokenizer into `out`."""
+def write_export(
+    out: Path, model: Any, spm_model: Path, provenance: dict[str, str], layout: Any = None
+) -> Any:
+    """The transformers folder of `model` (ours, any configuration; `layout` if already mapped) and
+    the tokenizer into `out`."""
     from safetensors.torch import save_file
 
     from models.hf import hf_layout
 
-    layout = hf_layout(model)
+    layout = layout or hf_layout(model)
     remote = layout.architecture.startswith("Lmpipe")
     tokenizer = hf_tokenizer(spm_model, model.cfg.max_len)
     if tokenizer.get_vocab_size() != model.cfg.vocab_size:
@@ -156,9 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model", help="a key of params.yaml: models")
     name = parser.parse_args(argv).model
     params = load_params()
-    if name not in params.models:
-        known = ", ".join(params.models) or "(none)"
-        raise StageError(f"params.yaml: models.{name}: no such model; the models are: {known}")
+    params.check_model(name)
 
     from models.hf import hf_layout
     from models.transformer import load_pretrained
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         stage_run("export", experiment, {"model": name}, tags, f"export@{name}") as run,
         atomic_dir(hf_export(name)) as tmp,
     ):
-        write_export(tmp, model, TOKENIZER / "spm.model", {"name": name, "weights_sha256": weights})
+        write_export(tmp, model, TOKENIZER / "spm.model", {"name": name, "weights_sha256": weights}, layout)
         run.log_artifact(str(tmp / "README.md"))
         run.log_artifact(str(tmp / "config.json"))
     log.info(

@@ -162,10 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     name, init = args.model, args.init
     params = load_params()
-    if name not in params.models:
-        raise StageError(
-            f"params.yaml: models.{name}: no such model; the models are: {', '.join(params.models)}"
-        )
+    params.check_model(name)
     if args.task not in params.glue.tasks:
         raise StageError(
             f"params.yaml: glue.tasks: '{args.task}' is not among them ({', '.join(params.glue.tasks)})"

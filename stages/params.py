@@ -365,6 +365,12 @@ class Params(Strict):
     glue: GlueParams = GlueParams(path="data/sample/glue", synthetic=True)
     finetune: FinetuneParams = FinetuneParams()
 
+    def check_model(self, name: str) -> None:
+        """A stage's `<model>` argument names a variant of `models`, or one line says which there are."""
+        if name not in self.models:
+            known = ", ".join(self.models) or "(none)"
+            raise StageError(f"params.yaml: models.{name}: no such model; the models are: {known}")
+
     def pretrain_of(self, model: str) -> PretrainParams:
         """The pretrain section as it applies to `model`: its `pretrain.models.<model>` values on top."""
         overrides = self.pretrain.models.get(model, {})

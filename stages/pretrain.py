@@ -193,9 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model", help="a key of params.yaml: models")
     name = parser.parse_args(argv).model
     params = load_params()
-    if name not in params.models:
-        known = ", ".join(params.models) or "(none)"
-        raise StageError(f"params.yaml: models.{name}: no such model; the models are: {known}")
+    params.check_model(name)
     variant, run = params.models[name], params.pretrain_of(name)
     meta = read_json(TOKENS / "meta.json", "pack")
     model_cfg = variant.config(meta["vocab_size"])

@@ -117,7 +117,9 @@ def equal_flops_budget(points: Sequence[Params], base: int) -> tuple[float, str]
 
 
 def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_file: Path) -> list[str]:
-    """A point as DVC's -S overrides; `models` keeps only the named variants (the rest are deleted)."""
+    """A point as DVC's -S overrides; `models` keeps only the named variants (the rest are deleted,
+    with their `pretrain.models.<name>` budgets). `params`: what the point starts from (params.yaml,
+    a profile applied)."""
     overrides = []
     for key, value in point.items():
         if key == MODELS_KEY:
@@ -128,7 +130,12 @@ def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_
                 raise PipelineError(
                     f"grid key 'models': {params_file} has no model {unknown[0]!r} (has {known})"
                 )
-            overrides += [f"~models.{name}" for name in known if name not in keep]
+            budgets = (params.get("pretrain") or {}).get("models") or {}
+            for name in known:
+                if name not in keep:
+                    overrides.append(f"~models.{name}")
+                    if name in budgets:
+                        overrides.append(f"~pretrain.models.{name}")
         else:
             overrides.append(f"{key}={hydra_value(value)}")
     overrides = [*pool_overrides(overrides), *overrides]
@@ -465,11 +472,11 @@ def ablation(
     if not NAME.match(sweep):
         raise PipelineError(f"sweep name '{sweep}': letters, digits, '-', '_' and '.' only")
     params_file = repo_dir / "params.yaml"
-    params = read_params_yaml(params_file) or {}
     values = expand(points_spec)
     on_profile = profiles.overrides(profile, corpus, glue) if profile else []
-    overrides = [[*on_profile, *point_overrides(point, params, params_file)] for point in values]
     origin = f"profile {profile}" if profile else str(params_file)
+    params = profiles.applied(repo_dir, on_profile, origin)
+    overrides = [[*on_profile, *point_overrides(point, params, params_file)] for point in values]
     validated = [profiles.validate(repo_dir, point, origin) for point in overrides]  # every point, up front
     synthetic = validated[0].glue.synthetic
     keys = list(dict.fromkeys(key for point in values for key in point))

@@ -83,8 +83,8 @@ def overrides(name: str, corpus: str | None = None, glue: str | None = None) -> 
     return [f"++{key}={hydra_value(value)}" for key, value in flatten(tree).items()]
 
 
-def validate(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> Params:
-    """params.yaml with the overrides applied, as a stage will see it; a bad key or value is one line."""
+def applied(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> dict[str, Any]:
+    """params.yaml with the overrides applied by DVC's own hydra code, as a stage will read it."""
     from dvc.utils.hydra import apply_overrides
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,10 +94,15 @@ def validate(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> Param
             apply_overrides(str(params_file), list(all_overrides))
         except Exception as exc:  # hydra's parse errors: report them as one line
             raise PipelineError(f"{origin}: {' '.join(str(exc).split())}") from None
-        try:
-            return parse_params(read_params_yaml(params_file), origin)
-        except StageError as exc:
-            raise PipelineError(str(exc)) from None
+        return read_params_yaml(params_file) or {}
+
+
+def validate(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> Params:
+    """params.yaml with the overrides applied, as a stage will see it; a bad key or value is one line."""
+    try:
+        return parse_params(applied(repo_dir, all_overrides, origin), origin)
+    except StageError as exc:
+        raise PipelineError(str(exc)) from None
 
 
 def run(

@@ -203,7 +203,7 @@ def scaling(
     L(N). The profile, the pool and the MLflow layout are the ablation flow's."""
     from flows import ablation as sweeps
     from flows import profile as profiles
-    from stages.params import read_params_yaml, tracking_experiment
+    from stages.params import tracking_experiment
     from stages.pretrain import world_size
     from stages.tracking import FlowTracking, git_commit
 
@@ -215,9 +215,9 @@ def scaling(
     if tokens_per_parameter <= 0 or max_parallel < 1:
         raise PipelineError("scaling: tokens_per_parameter must be > 0 and max_parallel >= 1")
     params_file = repo_dir / "params.yaml"
-    raw = read_params_yaml(params_file) or {}
     on_profile = profiles.overrides(profile, corpus, glue) if profile else []
     origin = f"profile {profile}" if profile else str(params_file)
+    raw = profiles.applied(repo_dir, on_profile, origin)
     base = profiles.validate(repo_dir, on_profile, origin)
     if MODEL not in base.models:
         raise PipelineError(f"scaling: {origin} has no model '{MODEL}' (the ladder scales a decoder)")

@@ -117,6 +117,21 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     ]
 
 
+def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
+    """A profile's per-model budgets (pretrain.models.<name>) go with the models a point removes."""
+    from flows import profile as profiles
+    from flows.scaling import LADDER, ladder_points
+
+    for name in profiles.available():
+        on_profile = profiles.overrides(name, str(tmp_path), str(tmp_path))
+        params = profiles.applied(ROOT, on_profile, name)
+        for preset, grid in [*PRESETS.items(), ("scaling", ladder_points(LADDER))]:
+            for point in expand(grid) if isinstance(grid, dict) else grid:
+                given = [*on_profile, *point_overrides(point, params, ROOT / "params.yaml")]
+                validated = profiles.validate(ROOT, given, f"{name}/{preset}")
+                assert set(validated.pretrain.models) <= set(validated.models)
+
+
 def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:
     sh(project, "dvc", "remote", "add", "shared", str(tmp_path / "remote"))  # as workers share a cache
     # tiny stages are mostly process start-up: two at once pay off here (not with the default profile)

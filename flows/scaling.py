@@ -105,9 +105,25 @@ def fit_law(n: Sequence[float], loss: Sequence[float]) -> Fit:
     return Fit(*map(float, params), tuple(map(float, errors)), far, float(law(far, *params)), spread)
 
 
+@dataclass(frozen=True)
+class PowerFit:
+    """Kaplan's own form, L(N) = (N_c / N)^α_N with no irreducible term: the α comparable to 0.076."""
+
+    alpha: float
+    error: float  # standard error of the slope of log L on log N
+
+
+def fit_power(n: Sequence[float], loss: Sequence[float]) -> PowerFit:
+    from scipy.stats import linregress
+
+    line = linregress(np.log(np.asarray(n, dtype=float)), np.log(np.asarray(loss, dtype=float)))
+    return PowerFit(-float(line.slope), float(line.stderr))
+
+
 def markdown(
     rows: Sequence[dict[str, Any]],
     fit: Fit | None,
+    power: PowerFit | None,
     failure: str | None,
     sweep: str,
     ratio: float,
@@ -144,12 +160,18 @@ def markdown(
             f"L = {fit.extrapolated_loss:.3f} ± {fit.extrapolated_error:.3f}.",
             "",
             f"Kaplan et al. (2020) report α_N ≈ {KAPLAN_ALPHA_N} for decoders from 10⁵ to 10⁹ parameters "
-            "trained to convergence on WebText2.",
+            "trained to convergence on WebText2, in the form L = (N_c/N)^α_N, without c.",
+        ]
+    if power is not None:
+        lines += [
+            "",
+            f"Kaplan's form fitted to the same points (log L on log N): α_N = {power.alpha:.3f} "
+            f"± {power.error:.3f}.",
         ]
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: Sequence[dict[str, Any]], fit: Fit | None) -> bytes:
+def plot(rows: Sequence[dict[str, Any]], fit: Fit | None, power: PowerFit | None) -> bytes:
     """Log-log: the measured losses, the fitted law out to 10× the largest size, the extrapolation."""
     import matplotlib
 
@@ -165,6 +187,15 @@ def plot(rows: Sequence[dict[str, Any]], fit: Fit | None) -> bytes:
         ax.plot(
             grid, law(grid, fit.a, fit.alpha, fit.c), "-", label=f"fit: α = {fit.alpha:.3f}, c = {fit.c:.2f}"
         )
+        if power is not None:  # through the points' geometric centre, as the regression line runs
+            centre_n, centre_loss = np.exp(np.log(n).mean()), np.exp(np.log(loss).mean())
+            ax.plot(
+                grid,
+                centre_loss * (grid / centre_n) ** -power.alpha,
+                "--",
+                color="grey",
+                label=f"Kaplan's form, no c: α = {power.alpha:.3f}",
+            )
         ax.errorbar(
             [fit.extrapolated_n],
             [fit.extrapolated_loss],
@@ -272,25 +303,29 @@ def scaling(
         tracking.log(point.run_id, {"n": row["n"], "tokens": row["tokens"], "val_loss": row["val_loss"]}, {})
         tracking.client.set_terminated(point.run_id, "FINISHED")
 
-    fit, failure = None, None
+    fit, power, failure = None, None, None
     if len(measured) >= 4:
+        sizes_n, losses = [r["n"] for r in measured], [r["val_loss"] for r in measured]
+        power = fit_power(sizes_n, losses)
         try:
-            fit = fit_law([r["n"] for r in measured], [r["val_loss"] for r in measured])
+            fit = fit_law(sizes_n, losses)
         except (RuntimeError, ValueError) as exc:  # curve_fit's "optimal parameters not found"
             failure = " ".join(str(exc).split())
     else:
         failure = f"{len(measured)} sizes finished, 4 are needed"
     out = repo_dir / "reports" / "ablation" / sweep
     out.mkdir(parents=True, exist_ok=True)
-    text = markdown(measured, fit, failure, sweep, tokens_per_parameter, synthetic)
+    text = markdown(measured, fit, power, failure, sweep, tokens_per_parameter, synthetic)
     (out / "scaling.md").write_text(text)
     pd.DataFrame(measured).to_csv(out / "scaling.csv", index=False)
-    (out / "scaling.png").write_bytes(plot(measured, fit))
+    (out / "scaling.png").write_bytes(plot(measured, fit, power))
     for path in sorted(out.iterdir()):
         tracking.client.log_artifact(parent, str(path))
     if fit is not None:
         metrics = {"alpha": fit.alpha, "alpha_error": fit.errors[1], "a": fit.a, "c": fit.c}
         metrics |= {"extrapolated_loss": fit.extrapolated_loss, "extrapolated_error": fit.extrapolated_error}
+        if power is not None:
+            metrics |= {"alpha_kaplan_form": power.alpha, "alpha_kaplan_form_error": power.error}
         tracking.log(parent, metrics, {})
     create_markdown_artifact(text, key="scaling-fit")
     logger.info("scaling fit: %s\n%s", out, text)
@@ -298,4 +333,6 @@ def scaling(
     if failed:
         raise sweeps.PointsFailed(failed)
     fitted = None if fit is None else {"alpha": fit.alpha, "alpha_error": fit.errors[1], "c": fit.c}
+    if fitted is not None and power is not None:
+        fitted |= {"alpha_kaplan_form": power.alpha, "alpha_kaplan_form_error": power.error}
     return {"sweep": sweep, "report": str(out), "parent_run_id": parent, "rows": measured, "fit": fitted}

@@ -13,7 +13,7 @@ import pytest
 
 from flows.ablation import main as ablation_main
 from flows.common import PipelineError
-from flows.scaling import budget_override, fit_law, ladder_points, law, non_embedding_parameters
+from flows.scaling import budget_override, fit_law, fit_power, ladder_points, law, non_embedding_parameters
 from tests.project import make_project, sh
 
 
@@ -25,6 +25,14 @@ def test_fit_recovers_a_known_law_with_its_uncertainty() -> None:
     assert abs(fit.c - 2.0) < 3 * fit.errors[2] + 0.05
     assert fit.extrapolated_n == 5e7
     assert abs(fit.extrapolated_loss - law(5e7, 40.0, 0.25, 2.0)) < 3 * fit.extrapolated_error + 0.02
+
+
+def test_kaplans_form_recovers_a_pure_power_law() -> None:
+    n = np.geomspace(1e5, 5e6, 5)
+    exact = fit_power(n, (8.8e13 / n) ** 0.076)  # Kaplan's N_c and α_N
+    assert exact.alpha == pytest.approx(0.076) and exact.error == pytest.approx(0.0, abs=1e-9)
+    # with an irreducible term the no-c form sees a shallower slope than the law's own α
+    assert fit_power(n, law(n, 40.0, 0.25, 2.0)).alpha < 0.25
 
 
 def test_ladder_and_budgets() -> None:
@@ -92,6 +100,8 @@ def test_ci_sized_ladder_fits_the_law(tmp_path: Path) -> None:
     client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     parent = client.get_run(result["parent_run_id"])
     assert parent.data.metrics["alpha"] == pytest.approx(fit["alpha"])
+    assert parent.data.metrics["alpha_kaplan_form"] == pytest.approx(fit["alpha_kaplan_form"])
+    assert f"α_N = {fit['alpha_kaplan_form']:.3f}" in text
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
         "scaling.md",
         "scaling.png",

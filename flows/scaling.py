@@ -206,6 +206,10 @@ def plot(rows: Sequence[dict[str, Any]], fit: Fit | None, power: PowerFit | None
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import ScalarFormatter
+
+    for formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        formatter(ScalarFormatter())  # losses as 4, 5, 6, not 4×10⁰
     ax.set_xlabel("non-embedding parameters N")
     ax.set_ylabel("validation loss")
     ax.legend(fontsize="small")

@@ -48,10 +48,23 @@ def progress(iterable: Any = None, **kwargs: Any) -> tqdm:
     return tqdm(iterable, disable=None, dynamic_ncols=True, **kwargs)
 
 
+def _remove_leftovers(target: Path) -> None:
+    """A killed writer's temporary siblings of `target` (SIGKILL skips every `finally`): they would sit
+    in a folder that downstream stages hash, making them stale for good. One writer per target at a
+    time (DVC's lock), so every such sibling is a leftover."""
+    for pattern in (f".{target.name}.tmp-*", f".{target.name}.old-*"):
+        for leftover in target.parent.glob(pattern):
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+
+
 @contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
     """Yield a fresh temporary directory that replaces `target` only if the block succeeds."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     tmp.chmod(0o777 & ~_UMASK)  # mkdtemp makes it private; outputs get the usual mode
     try:
@@ -69,6 +82,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
 def atomic_file(target: Path, mode: str = "w") -> Iterator[Any]:
     """Write to a temporary sibling, then rename over `target` only if the block succeeds."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(target)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
     tmp = Path(tmp_name)
     tmp.chmod(0o666 & ~_UMASK)

@@ -59,7 +59,7 @@ def ours(objective: str):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return loss.item()
 
     return step
 
@@ -113,7 +113,7 @@ def reference(objective: str):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return loss.item()
 
     return step
 

@@ -97,12 +97,17 @@ def applied(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> dict[s
         return read_params_yaml(params_file) or {}
 
 
-def validate(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> Params:
-    """params.yaml with the overrides applied, as a stage will see it; a bad key or value is one line."""
+def parsed(raw: dict[str, Any], origin: str) -> Params:
+    """Applied params (`applied`) checked as a stage checks them; a bad key or value is one line."""
     try:
-        return parse_params(applied(repo_dir, all_overrides, origin), origin)
+        return parse_params(raw, origin)
     except StageError as exc:
         raise PipelineError(str(exc)) from None
+
+
+def validate(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> Params:
+    """params.yaml with the overrides applied, as a stage will see it; a bad key or value is one line."""
+    return parsed(applied(repo_dir, all_overrides, origin), origin)
 
 
 def run(

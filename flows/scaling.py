@@ -253,7 +253,7 @@ def scaling(
     on_profile = profiles.overrides(profile, corpus, glue) if profile else []
     origin = f"profile {profile}" if profile else str(params_file)
     raw = profiles.applied(repo_dir, on_profile, origin)
-    base = profiles.validate(repo_dir, on_profile, origin)
+    base = profiles.parsed(raw, origin)
     if MODEL not in base.models:
         raise PipelineError(f"scaling: {origin} has no model '{MODEL}' (the ladder scales a decoder)")
     values = ladder_points([tuple(s) for s in sizes])

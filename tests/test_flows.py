@@ -126,7 +126,7 @@ def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
         on_profile = profiles.overrides(name, str(tmp_path), str(tmp_path))
         params = profiles.applied(ROOT, on_profile, name)
         for preset, grid in [*PRESETS.items(), ("scaling", ladder_points(LADDER))]:
-            for point in expand(grid) if isinstance(grid, dict) else grid:
+            for point in expand(grid):
                 given = [*on_profile, *point_overrides(point, params, ROOT / "params.yaml")]
                 validated = profiles.validate(ROOT, given, f"{name}/{preset}")
                 assert set(validated.pretrain.models) <= set(validated.models)

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from stages import clean, ingest, tokenizer  # noqa: E402
 from stages.common import cpu_threads  # noqa: E402
+from stages.layout import clean_shards  # noqa: E402
 from stages.pack import pack  # noqa: E402
 from stages.params import load_params  # noqa: E402
 
@@ -82,16 +83,16 @@ def main() -> None:
     workers = cpu_threads(0)
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         params = yaml.safe_load((ROOT / "params.yaml").read_text())
-        params["ingest"]["sources"] = [
-            {"name": "real", "path": f"{corpus}/*.txt", "split_by": "chunks", "max_doc_chars": 8000}
-        ]
+        params["ingest"]["sources"] = {
+            "real": {"path": str(corpus), "include": ["*.txt"], "split_by": "chunks", "max_doc_chars": 8000}
+        }
         params["tokenizer"]["vocab_size"] = 16000
         Path("params.yaml").write_text(yaml.safe_dump(params))
-        ingest.main()
+        ingest.main(["real"])
         raw_mb = (
             sum(
                 sum(len(t.encode()) for t in pq.read_table(p).column("text").to_pylist())
-                for p in Path("data/raw").glob("*.parquet")
+                for p in Path("data/raw/real").glob("*.parquet")
             )
             / 1e6
         )
@@ -110,11 +111,12 @@ def main() -> None:
         )
         tokenizer.main()
 
-        table = pq.read_table("data/clean/documents.parquet")
+        table = pa.concat_tables(pq.read_table(path) for path in clean_shards())
         big = Path("documents_x.parquet")
         pq.write_table(pa.concat_tables([table] * args.copies), big)
         cfg = load_params().pack
         out = Path("ours")
+        model_file = "data/tokenizer/spm.model"
         out.mkdir()
         results = {}
         for _ in range(args.repeats):  # alternate so both see the same machine state
@@ -122,7 +124,7 @@ def main() -> None:
                 (
                     "ours",
                     lambda: sum(
-                        c["tokens"] for c in pack(big, Path("data/tokenizer/spm.model"), cfg, 1, out).values()
+                        c["tokens"] for c in pack([big], Path(model_file), cfg, 1, out).values()
                     ),
                 ),
                 ("reference", lambda: reference_pack(big, "data/tokenizer/spm.model", workers, Path("."))),

@@ -40,6 +40,8 @@ from stages.tracking import FlowTracking, child_env, flatten, git_commit
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 PLACEHOLDERS = ("corpus", "glue")
+# collections of named things: a profile's replace the workspace's (its corpus, not the sample too)
+REPLACED = ("ingest.sources", "hub")
 REPORTS = ("reports/glue.md", "reports/glue.csv", "reports/glue.png", "metrics/glue.json")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
 
@@ -80,7 +82,16 @@ def overrides(name: str, corpus: str | None = None, glue: str | None = None) -> 
         if folder and not Path(folder).is_dir():
             raise PipelineError(f"--{key} {folder}: not a directory")
     tree = _fill(load(name), folders, name)
-    return [f"++{key}={hydra_value(value)}" for key, value in flatten(tree).items()]
+    replaced = []
+    for dotted in REPLACED:
+        *parents, last = dotted.split(".")
+        node = tree
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last in node:
+            replaced += [f"~{dotted}", f"++{dotted}={hydra_value(node.pop(last))}"]
+    tree = {k: v for k, v in tree.items() if v != {}}  # a section that held only a replaced key
+    return [*replaced, *(f"++{key}={hydra_value(value)}" for key, value in flatten(tree).items())]
 
 
 def applied(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> dict[str, Any]:

@@ -1,148 +1,275 @@
 """Stage `clean`: normalise, filter by quality rules, drop exact and near duplicates.
 
-`data/raw/*.parquet` -> `data/clean/documents.parquet` (id, source, text). Every dropped document is
-counted against the first rule it breaks in `metrics/clean.json`; none is dropped silently.
+`data/raw/<source>/*.parquet` (the sources of `ingest.sources`, in order) -> `data/clean/part-*.parquet`
+(id, source, text; in corpus order) and `metrics/clean.json`, where every dropped document is counted
+against the first rule it breaks; none is dropped silently.
+
+Memory stays flat in the corpus size: the work is done per shard (a row group of a raw file) in
+parallel, on every core or on a Dask cluster (`cluster.scheduler`), and dedup runs as phases over files
+(stages/dedup.py). The phases write into `data/.clean-work/`, each shard's result whole or not at all,
+so a killed run resumes from its finished shards, with the same outputs as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import hashlib
+import json
+import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasketch import LeanMinHash, MinHashLSH
 
-from stages.common import (
-    StageError,
-    atomic_dir,
-    cpu_threads,
-    log,
-    progress,
-    read_json,
-    run_main,
-    write_json,
-)
-from stages.layout import CLEAN, CLEAN_METRICS, RAW
+from stages import dedup
+from stages.codedeps import ROOT, code_files
+from stages.common import Meter, StageError, atomic_dir, cpu_threads, log, read_json, run_main, write_json
+from stages.layout import CLEAN, CLEAN_METRICS, CLEAN_WORK, raw_dir
+from stages.parallel import shard_map
 from stages.params import CleanParams, load_params
 from stages.quality import RULES, exact_key, failed_rule, minhash_signature, normalize
 from stages.schemas import DOCUMENTS, validate
 from stages.tracking import stage_run
 
-CHUNK = 256  # documents per task sent to a worker
-Verdict = tuple[str, str, str, str | None, bytes, LeanMinHash | None]  # id, source, text, rule, key, sig
-
-_worker_cfg: tuple[CleanParams, int] | None = None
+SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
 
 
-def _init_worker(cfg: CleanParams, seed: int) -> None:
-    global _worker_cfg
-    _worker_cfg = (cfg, seed)
+@dataclass(frozen=True)
+class Shard:
+    """One row group of a raw file: the unit of work, resumed as a whole."""
+
+    index: int
+    path: str
+    row_group: int
+    offset: int  # the corpus index of its first document
+    rows: int
 
 
-def judge(rows: list[tuple[str, str, str]]) -> list[Verdict]:
-    """Per-document work: normalise, apply the rules, hash, and sign the documents that pass."""
-    assert _worker_cfg is not None
-    cfg, seed = _worker_cfg
-    out = []
-    for doc_id, source, raw in rows:
-        text = normalize(raw)
-        rule = failed_rule(text, cfg)
-        key = exact_key(text) if rule is None else b""
-        sig = minhash_signature(text, cfg, seed) if rule is None and cfg.near_dedup.enabled else None
-        out.append((doc_id, source, text, rule, key, sig))
-    return out
+@dataclass(frozen=True)
+class Job:
+    """What every task of one run shares (sent to each worker)."""
+
+    cfg: CleanParams
+    seed: int
+    bands: int
+    band_rows: int
+    work: str  # absolute: workers on a cluster run elsewhere
+
+    def judged(self, shard: Shard) -> Path:
+        return Path(self.work) / "judged" / f"{shard.index:06d}"
 
 
-def raw_chunks(files: list[Path]) -> Iterator[list[tuple[str, str, str]]]:
+def shards_of(files: list[Path]) -> list[Shard]:
+    shards, offset = [], 0
     for path in files:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK, columns=["id", "source", "text"]):
-            yield list(zip(*(batch.column(i).to_pylist() for i in range(3)), strict=True))
+        meta = pq.ParquetFile(path).metadata
+        for group in range(meta.num_row_groups):
+            rows = meta.row_group(group).num_rows
+            shards.append(Shard(len(shards), str(path.resolve()), group, offset, rows))
+            offset += rows
+    return shards
 
 
-def clean_documents(
-    files: list[Path], cfg: CleanParams, seed: int, workers: int
-) -> tuple[Iterator[Verdict], Counter]:
-    """Kept documents in input order, and the counters they are tallied in as the iterator runs."""
-    counts: Counter = Counter()
+def _write_whole(folder: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a temporary sibling that becomes `folder` only when it is complete."""
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    tmp.rename(folder)
 
-    def kept() -> Iterator[Verdict]:
-        seen: set[bytes] = set()
-        lsh = (
-            MinHashLSH(threshold=cfg.near_dedup.threshold, num_perm=cfg.near_dedup.num_perm)
-            if cfg.near_dedup.enabled
-            else None
-        )
-        total = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
-        if workers > 1:
-            pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (cfg, seed))
-            verdicts = pool.imap(judge, raw_chunks(files), chunksize=2)
+
+def judge(job: Job, shard: Shard) -> dict[str, int]:
+    """Phase 1: normalise, apply the rules, and key and sign the documents that pass."""
+    folder = job.judged(shard)
+    if (folder / "counts.json").exists():  # finished by an earlier, interrupted run
+        return json.loads((folder / "counts.json").read_text())
+    table = pq.ParquetFile(shard.path).read_row_group(shard.row_group, columns=["id", "source", "text"])
+    counts: Counter = Counter(documents_in=table.num_rows)
+    kept_rows, index, keys, signatures = [], [], [], []
+    ids, sources, texts = (table.column(i).to_pylist() for i in range(3))
+    for row, (doc_id, source, raw) in enumerate(zip(ids, sources, texts, strict=True)):
+        counts["characters_in"] += len(raw)
+        text = normalize(raw)
+        rule = failed_rule(text, job.cfg)
+        if rule is not None:
+            counts[f"dropped.{rule}"] += 1
+            continue
+        kept_rows.append((doc_id, source, text))
+        index.append(shard.offset + row)
+        keys.append(np.frombuffer(exact_key(text), dtype=np.uint64))
+        if job.cfg.near_dedup.enabled:
+            signatures.append(minhash_signature(text, job.cfg, job.seed).hashvalues)
+
+    def write(tmp: Path) -> None:
+        frame = pd.DataFrame(kept_rows, columns=["id", "source", "text"])
+        pq.write_table(pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False), tmp / "kept.parquet")
+        np.save(tmp / "index.npy", np.array(index, dtype=np.int64))
+        np.save(tmp / "exact.npy", np.array(keys, dtype=np.uint64).reshape(-1, 2))
+        if signatures:
+            np.save(tmp / "bands.npy", dedup.band_hashes(np.stack(signatures), job.bands, job.band_rows))
+        (tmp / "counts.json").write_text(json.dumps(dict(counts)))
+
+    _write_whole(folder, write)
+    return dict(counts)
+
+
+def pair_task(job: Job, shards: list[Shard], task: tuple[str, int, int, int]) -> str:
+    """Phase 2: the duplicate pairs of one band (or of the exact keys) in one hash range."""
+    kind, band, part, parts = task
+    out = Path(job.work) / "pairs" / f"{kind}-{band:03d}-{part:04d}.npy"
+    if out.exists():
+        return str(out)
+    keys, index = [], []
+    for shard in shards:
+        folder = job.judged(shard)
+        shard_index = np.load(folder / "index.npy")
+        if not len(shard_index):
+            continue
+        if kind == "exact":
+            values = np.load(folder / "exact.npy")
+            first = values[:, 0]
         else:
-            pool = None
-            _init_worker(cfg, seed)
-            verdicts = map(judge, raw_chunks(files))
-        try:
-            bar = progress(total=total, desc="clean", unit="doc")
-            for chunk in verdicts:
-                bar.update(len(chunk))
-                for verdict in chunk:
-                    doc_id, _, text, rule, key, sig = verdict
-                    counts["documents_in"] += 1
-                    if rule is None and cfg.exact_dedup:
-                        rule = "exact_duplicate" if key in seen else None
-                        seen.add(key)
-                    if rule is None and lsh is not None:
-                        if lsh.query(sig):
-                            rule = "near_duplicate"
-                        else:
-                            lsh.insert(counts["documents_in"], sig)
-                    if rule is None:
-                        counts["documents_kept"] += 1
-                        counts["characters_kept"] += len(text)
-                        yield verdict
-                    else:
-                        counts[f"dropped.{rule}"] += 1
-            bar.close()
-        finally:
-            if pool is not None:
-                pool.terminate()
+            values = first = np.asarray(np.load(folder / "bands.npy", mmap_mode="r")[band])
+        chosen = dedup.in_partition(first, part, parts)
+        keys.append(values[chosen])
+        index.append(shard_index[chosen])
+    pairs = (
+        dedup.run_pairs(np.concatenate(keys), np.concatenate(index)) if keys else np.empty((2, 0), np.int64)
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp.npy")
+    np.save(tmp, pairs)
+    tmp.rename(out)
+    return str(out)
 
-    return kept(), counts
+
+def keep(job: Job, out_dir: str, shard: Shard) -> dict[str, int]:
+    """Phase 4: the shard's documents that are the first of their duplicate component."""
+    folder = job.judged(shard)
+    index = np.load(folder / "index.npy")
+    if not len(index):
+        return {"documents_kept": 0, "characters_kept": 0, "exact": 0, "near": 0}
+    root = np.load(Path(job.work) / "root.npy", mmap_mode="r")
+    exact = np.load(Path(job.work) / "exact_duplicate.npy", mmap_mode="r")
+    first = np.asarray(root[index]) == index
+    is_exact = np.asarray(exact[index]).astype(bool)
+    table = pq.read_table(folder / "kept.parquet").filter(pa.array(first))
+    path = Path(out_dir) / f"part-{shard.index:06d}.parquet"
+    if table.num_rows:
+        validate(DOCUMENTS, table.to_pandas(), str(path))
+        pq.write_table(table, path, compression="zstd")
+    return {
+        "documents_kept": table.num_rows,
+        "characters_kept": sum(map(len, table.column("text").to_pylist())),
+        "exact": int(is_exact.sum()),
+        "near": int((~first & ~is_exact).sum()),
+    }
+
+
+def fingerprint(job: Job, files: list[Path]) -> str:
+    """What the work folder's results depend on: params, inputs (name, size, mtime) and code."""
+    digest = hashlib.sha256(json.dumps([job.cfg.model_dump(), job.seed], sort_keys=True).encode())
+    for path in files:
+        stat = path.stat()
+        digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    for name in code_files("stages.clean"):
+        digest.update((ROOT / name).read_bytes())
+    return digest.hexdigest()
+
+
+def prepare_work(job: Job, files: list[Path]) -> None:
+    work = Path(job.work)
+    stamp = fingerprint(job, files)
+    if work.exists() and (
+        not (work / "FINGERPRINT").exists() or (work / "FINGERPRINT").read_text() != stamp
+    ):
+        shutil.rmtree(work)  # another run's: other params, inputs or code
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "FINGERPRINT").write_text(stamp)
+
+
+def clean(
+    files: list[Path], cfg: CleanParams, seed: int, workers: int, scheduler: str | None, out: Path
+) -> Counter:
+    """Every phase; the kept documents go to `out` as part-*.parquet. Returns the counts."""
+    bands, band_rows = dedup.lsh_params(cfg.near_dedup.threshold, cfg.near_dedup.num_perm)
+    job = Job(cfg, seed, bands, band_rows, str(CLEAN_WORK.resolve()))
+    prepare_work(job, files)
+    shards = shards_of(files)
+    done = sum(job.judged(s).exists() for s in shards)
+    if done:
+        log.info("clean: resuming: %d of %d shards were judged by an interrupted run", done, len(shards))
+    counts: Counter = Counter()
+    meter = Meter("clean", total_docs=sum(s.rows for s in shards))
+    for shard_counts in shard_map(partial(judge, job), shards, workers, scheduler, "clean"):
+        counts.update(shard_counts)
+        dropped = sum(v for k, v in shard_counts.items() if k.startswith("dropped."))
+        meter.update(shard_counts["documents_in"], shard_counts.get("characters_in", 0), dropped)
+    meter.close()
+
+    passed = counts["documents_in"] - sum(v for k, v in counts.items() if k.startswith("dropped."))
+    parts = dedup.partitions(passed)
+    tasks = [("exact", 0, p, parts) for p in range(parts)] if cfg.exact_dedup else []
+    if cfg.near_dedup.enabled:
+        tasks += [("band", b, p, parts) for b in range(bands) for p in range(parts)]
+    pair_files = list(shard_map(partial(pair_task, job, shards), tasks, workers, scheduler, "clean"))
+    log.info("clean: duplicate pairs from %d sorts (%d bands, %d hash range(s))", len(tasks), bands, parts)
+
+    work = Path(job.work)
+    total = counts["documents_in"]
+    exact = np.lib.format.open_memmap(work / "exact_duplicate.npy", "w+", np.uint8, (total,))
+    for path in pair_files:
+        if Path(path).name.startswith("exact-"):
+            exact[np.load(path)[1]] = 1
+    exact.flush()
+    dedup.components(work / "root.npy", total, map(Path, pair_files))
+
+    for kept in shard_map(partial(keep, job, str(out.resolve())), shards, workers, scheduler, "clean"):
+        counts.update(
+            {
+                "documents_kept": kept["documents_kept"],
+                "characters_kept": kept["characters_kept"],
+                "dropped.exact_duplicate": kept["exact"],
+                "dropped.near_duplicate": kept["near"],
+            }
+        )
+    return counts
 
 
 def main() -> None:
     params = load_params()
     cfg = params.clean
-    manifest = read_json(RAW / "manifest.json", "ingest")
-    files = sorted(RAW.glob("*.parquet"))
+    # the sources params name, not whatever data/raw holds (a removed source's folder stays there)
+    sources = list(params.ingest.sources)
+    manifests = [read_json(raw_dir(name) / "manifest.json", f"ingest@{name}") for name in sources]
+    files = [path for name in sources for path in sorted(raw_dir(name).glob("*.parquet"))]
+    synthetic = any(m["synthetic"] for m in manifests)
     workers = cpu_threads(cfg.workers)
     with stage_run(
         "clean",
         params.tracking.experiment,
         {"seed": params.seed, "clean": cfg.model_dump()},
-        {"data.synthetic": manifest["synthetic"]},
+        {"data.synthetic": synthetic},
     ) as run:
-        docs, counts = clean_documents(files, cfg, params.seed, workers)
         with atomic_dir(CLEAN) as tmp:
-            schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
-            with pq.ParquetWriter(tmp / "documents.parquet", schema, compression="zstd") as writer:
-                batch: list[tuple[str, str, str]] = []
-                for doc_id, source, text, *_ in docs:
-                    batch.append((doc_id, source, text))
-                    if len(batch) >= 8192:
-                        _write(writer, schema, batch, tmp)
-                if batch:
-                    _write(writer, schema, batch, tmp)
+            counts = clean(files, cfg, params.seed, workers, params.cluster.scheduler, tmp)
             dropped = {rule: counts[f"dropped.{rule}"] for rule in RULES}
             if counts["documents_kept"] == 0:
                 raise StageError(
                     f"clean: no documents left after cleaning ({counts['documents_in']} in); "
                     "dropped by rule: " + ", ".join(f"{rule}={n}" for rule, n in dropped.items() if n)
                 )
-            write_json(tmp / "manifest.json", {**manifest, "documents": counts["documents_kept"]})
+            write_json(
+                tmp / "manifest.json",
+                {"synthetic": synthetic, "sources": sources, "documents": counts["documents_kept"]},
+            )
+        shutil.rmtree(CLEAN_WORK, ignore_errors=True)
         report = {
             "documents_in": counts["documents_in"],
             "documents_kept": counts["documents_kept"],
@@ -158,12 +285,6 @@ def main() -> None:
             counts["documents_in"],
             {rule: n for rule, n in dropped.items() if n},
         )
-
-
-def _write(writer: pq.ParquetWriter, schema: pa.Schema, batch: list, tmp: Path) -> None:
-    frame = validate(DOCUMENTS, pd.DataFrame(batch, columns=["id", "source", "text"]), str(tmp))
-    writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False))
-    batch.clear()
 
 
 if __name__ == "__main__":

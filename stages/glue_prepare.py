@@ -1,8 +1,9 @@
 """Stage `glue_prepare`: the GLUE tasks of `glue.tasks` -> `data/glue/<task>/<split>.parquet`.
 
-From the original TSV folders (download_glue_data.py layout), from the Hub (`nyu-mll/glue`), or from
-folders written by `DatasetDict.save_to_disk` (one per task). Every table is checked by a pandera
-schema of its task; labels use the Hub's ids.
+From a folder in the original TSV layout (download_glue_data.py's), or from a folder of
+`DatasetDict.save_to_disk` folders, one per task (the `hub` stage writes them from `nyu-mll/glue`).
+`glue.path` is the stage's dependency in dvc.yaml: DVC hashes the folder, so an edited TSV re-runs it.
+Every table is checked by a pandera schema of its task; labels use the Hub's ids.
 """
 
 from __future__ import annotations
@@ -49,24 +50,15 @@ def read_task(
     """The task's splits (all by default) as `idx, <text columns>, label` tables."""
     splits = list(spec.splits) if splits is None else splits
     if cfg.source == "tsv":
-        folder = Path(cfg.path or "") / spec.folder
+        folder = Path(cfg.path) / spec.folder
         return {split: read_tsv(folder / spec.splits[split], spec) for split in splits}
     import datasets
 
-    if cfg.source == "disk":
-        where = str(Path(cfg.path or "") / spec.name)
-        try:
-            data = datasets.load_from_disk(where)
-        except FileNotFoundError:
-            raise StageError(f"{where}: not a datasets save_to_disk folder (glue.path)") from None
-    else:
-        where = f"{cfg.dataset} ({spec.name})"
-        try:
-            data = datasets.load_dataset(cfg.dataset, spec.name)
-        except Exception as exc:  # offline, unknown dataset or config: datasets raises many types
-            raise StageError(
-                f"{where}: cannot load from the Hub: {str(exc).strip().splitlines()[0]}"
-            ) from None
+    where = str(Path(cfg.path) / spec.name)
+    try:
+        data = datasets.load_from_disk(where)
+    except FileNotFoundError:
+        raise StageError(f"{where}: not a datasets save_to_disk folder (glue.path)") from None
     return from_datasets(data, spec, where, splits)
 
 
@@ -85,7 +77,7 @@ def main() -> None:
             for spec in specs:
                 (tmp / spec.name).mkdir()
                 for split, frame in read_task(cfg, spec).items():
-                    where = f"{spec.name}/{split} from {cfg.source} {cfg.path or cfg.dataset}"
+                    where = f"{spec.name}/{split} from {cfg.source} {cfg.path}"
                     validate(glue_schema(spec), frame, where).to_parquet(
                         tmp / spec.name / f"{split}.parquet", index=False
                     )

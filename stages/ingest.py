@@ -1,53 +1,64 @@
-"""Stage `ingest`: the sources in `ingest.sources` -> `data/raw/<nn>-<name>.parquet` (id, source, text).
+"""Stage `ingest@<name>`: the source `ingest.sources.<name>` -> `data/raw/<name>/part-*.parquet`
+(id, source, text) and `metrics/ingest/<name>.json`.
 
-Sources are local files and globs (txt, jsonl, json, parquet, csv, each optionally .gz), a Hugging Face
-dataset by name/config/split (streamed, capped at `max_documents`), a `save_to_disk` folder, or the
-unlabeled text of GLUE tasks' train splits (task-adaptive pretraining, Gururangan et al. 2020).
+A source is a local file or folder (`path`, which dvc.yaml declares as the stage's dependency, so DVC
+hashes it and any added, removed or edited file makes the stage stale): text files (txt, jsonl, json,
+parquet, csv, each optionally .gz) picked by `include`, a local Hugging Face builder (streamed, capped
+at `max_documents`), a `save_to_disk` folder (Hub datasets arrive as one, from the `hub` stage), or the
+unlabeled text of GLUE tasks' train splits as glue_prepare wrote them (task-adaptive pretraining,
+Gururangan et al. 2020).
 """
 
 from __future__ import annotations
 
-import glob
+import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages.common import StageError, atomic_dir, log, progress, run_main, write_json
+from stages.common import Meter, StageError, atomic_dir, log, read_json, run_main, write_json
 from stages.glue import task as glue_task
-from stages.glue_prepare import read_task
-from stages.layout import INGEST_METRICS, RAW
-from stages.params import GlueParams, IngestParams, SourceParams, load_params
+from stages.layout import ingest_metrics, raw_dir
+from stages.params import IngestParams, SourceParams, load_params
 from stages.readers import FileReader, TextDecoder, detect_format, join_paragraphs, split_long
 from stages.schemas import DOCUMENTS, validate
 from stages.tracking import stage_run
 
-BATCH_ROWS = 8192
+# a row group is the unit of work of `clean` (resumed as a whole, on one worker): small enough to
+# spread over the cores and to bound a worker's memory, large enough to keep per-shard overhead low
+ROW_GROUP_DOCS = 1024
+ROW_GROUP_CHARS = 16_000_000
+SHARD_CHARS = 64_000_000  # characters of text per output file
+SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
 Document = tuple[str, str]  # (id, text)
 
 
+def _visible(path: Path, root: Path) -> bool:
+    return path.is_file() and not any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
 def resolve_files(source: SourceParams, key: str) -> list[Path]:
-    pattern = source.path or ""
-    if glob.has_magic(pattern):
-        files = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
-        if not files:
-            raise StageError(f"{key}.path: '{pattern}' matches no file")
-        return files
-    path = Path(pattern)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-        if not files:
-            raise StageError(f"{key}.path: directory '{pattern}' holds no file")
-        return files
-    if not path.exists():
-        raise StageError(f"{key}.path: '{pattern}' does not exist")
-    return [path]
+    """The source's files: `path` itself, or the files under it that `include` matches, sorted."""
+    path = Path(source.path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise StageError(f"{key}.path: '{source.path}' does not exist")
+    files = sorted({f for pattern in source.include for f in path.glob(pattern) if _visible(f, path)})
+    if not files:
+        raise StageError(
+            f"{key}.include: {', '.join(source.include)} matches no file in '{source.path}'"
+        )
+    return files
 
 
-def file_documents(source: SourceParams, key: str, cfg: IngestParams, counts: Counter) -> Iterator[Document]:
+def file_documents(
+    source: SourceParams, key: str, cfg: IngestParams, counts: Counter, meter: Meter
+) -> Iterator[Document]:
     reader = FileReader(
         TextDecoder(cfg.encoding_errors, counts),
         counts,
@@ -58,11 +69,17 @@ def file_documents(source: SourceParams, key: str, cfg: IngestParams, counts: Co
         source.max_doc_chars,
     )
     files = resolve_files(source, key)
-    for path in progress(files, desc=f"ingest {source.label}", unit="file"):
+    sizes = [path.stat().st_size for path in files]
+    meter.total_bytes = sum(sizes)  # the ETA: the share of the input files' bytes read
+    root = Path(source.path)
+    for path, size in zip(files, sizes, strict=True):
         counts["files"] += 1
         fmt = detect_format(path, source.format)
+        # ids relative to the source: the same text gives the same outputs wherever the folder lives
+        name = path.name if path == root else path.relative_to(root).as_posix()
         for n, text in enumerate(reader.read(path, fmt)):
-            yield f"{path.as_posix()}#{n}", text
+            yield f"{name}#{n}", text
+        meter.update(nbytes=size)
 
 
 def _texts(rows: Iterator[dict], where: str, column: str, column_key: str) -> Iterator[str | None]:
@@ -76,23 +93,23 @@ def _texts(rows: Iterator[dict], where: str, column: str, column_key: str) -> It
         yield row.get(column)
 
 
-def dataset_documents(source: SourceParams, key: str, counts: Counter) -> Iterator[Document]:
+def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Meter) -> Iterator[Document]:
     import datasets  # slow to import; only these sources need it
 
     if source.kind == "hf":
-        where = f"{key} (Hugging Face dataset '{source.dataset}')"
+        where = f"{key} (Hugging Face builder '{source.path}')"
         try:
             data = datasets.load_dataset(
-                source.dataset,
+                source.path,
                 source.config,
                 split=source.split or "train",
                 data_files=source.data_files,
                 streaming=True,
             )
-        except Exception as exc:  # datasets raises many types: missing, offline, bad config
+        except Exception as exc:  # datasets raises many types: missing, bad config, bad files
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StageError(f"{where}: cannot load: {first_line}") from None
-        prefix = f"{source.dataset}/{source.config or 'default'}/{source.split or 'train'}"
+        prefix = f"{source.path.rstrip('/')}/{source.config or 'default'}/{source.split or 'train'}"
     else:
         where = f"{key}.path '{source.path}'"
         try:
@@ -114,30 +131,44 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter) -> Iterat
             )
         prefix = source.path.rstrip("/")
     rows = _texts(iter(data), where, source.text_column, f"{key}.text_column")
+    meter.total_docs = source.max_documents or getattr(data, "num_rows", None)
     n = 0
-    for value in progress(rows, desc=f"ingest {source.label}", unit="doc", total=source.max_documents):
+    for value in rows:
         if value is None or not isinstance(value, str):
             counts["null_texts_skipped"] += 1
             continue
         for text in split_long(value.replace("\r\n", "\n"), source.max_doc_chars):
             yield f"{prefix}#{n}", text
             n += 1
+        meter.update(nbytes=len(value))
         if source.max_documents and n >= source.max_documents:
             break
 
 
-def glue_documents(source: SourceParams, key: str, glue: GlueParams, counts: Counter) -> Iterator[Document]:
+def glue_manifest(source: SourceParams, key: str) -> dict:
+    manifest = Path(source.path) / "manifest.json"
+    if not manifest.is_file():
+        raise StageError(f"{key}.path: '{source.path}' is not a folder glue_prepare wrote (no manifest.json)")
+    return read_json(manifest, "glue_prepare")
+
+
+def glue_documents(source: SourceParams, key: str, counts: Counter) -> Iterator[Document]:
     """Each distinct sentence of the tasks' train splits once, joined into documents of up to
     `max_doc_chars`; the labels are dropped and evaluation splits are never read."""
-    tasks, tasks_key = (source.tasks, f"{key}.tasks") if source.tasks else (glue.tasks, "glue.tasks")
+    prepared = glue_manifest(source, key)["rows"]
+    tasks, tasks_key = (source.tasks, f"{key}.tasks") if source.tasks else (list(prepared), key)
     seen: set[str] = set()
     for i, name in enumerate(tasks):
         spec = glue_task(name, f"{tasks_key}[{i}]")
-        train = read_task(glue, spec, ["train"])["train"]
-        counts["train_rows"] += len(train)
+        if name not in prepared:
+            raise StageError(
+                f"{tasks_key}[{i}]: task '{name}' is not in '{source.path}'; it holds: {', '.join(prepared)}"
+            )
+        train = pq.read_table(Path(source.path) / name / "train.parquet", columns=list(spec.text_columns))
+        counts["train_rows"] += train.num_rows
         sentences = []
         for column in spec.text_columns:
-            for text in train[column]:
+            for text in train.column(column).to_pylist():
                 text = " ".join(str(text).split())
                 if text and text not in seen:
                     seen.add(text)
@@ -146,80 +177,121 @@ def glue_documents(source: SourceParams, key: str, glue: GlueParams, counts: Cou
         chunks = join_paragraphs(sentences, source.max_doc_chars, "\n")
         pieces = (piece for chunk in chunks for piece in split_long(chunk, source.max_doc_chars))
         for n, doc in enumerate(pieces):
-            yield f"glue/{name}/train#{n}", doc
+            yield f"{name}/train#{n}", doc
 
 
-def write_source(path: Path, label: str, docs: Iterator[Document], counts: Counter) -> None:
-    schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
-    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
-        batch: list[Document] = []
+class ShardWriter:
+    """Documents into `part-<n>.parquet` files of about SHARD_CHARS characters each, in row groups of
+    at most ROW_GROUP_DOCS documents and about ROW_GROUP_CHARS characters, schema-checked."""
 
-        def flush() -> None:
-            frame = pd.DataFrame(batch, columns=["id", "text"])
-            frame.insert(1, "source", label)
-            validate(DOCUMENTS, frame, str(path))
-            writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False))
-            batch.clear()
+    def __init__(self, folder: Path, label: str) -> None:
+        self.folder, self.label = folder, label
+        self.batch: list[Document] = []
+        self.batch_chars = 0
+        self.writer: pq.ParquetWriter | None = None
+        self.shards = 0
+        self.shard_chars = 0
 
+    def add(self, doc_id: str, text: str) -> None:
+        self.batch.append((f"{self.label}/{doc_id}", text))  # unique across sources
+        self.batch_chars += len(text)
+        self.shard_chars += len(text)
+        if len(self.batch) >= ROW_GROUP_DOCS or self.batch_chars >= ROW_GROUP_CHARS:
+            self.flush()
+        if self.shard_chars >= SHARD_CHARS:
+            self.close()
+
+    def flush(self) -> None:
+        if not self.batch:
+            return
+        path = self.folder / f"part-{self.shards:05d}.parquet"
+        frame = pd.DataFrame(self.batch, columns=["id", "text"])
+        frame.insert(1, "source", self.label)
+        validate(DOCUMENTS, frame, str(path))
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(path, SCHEMA, compression="zstd")
+        self.writer.write_table(pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False))
+        self.batch.clear()
+        self.batch_chars = 0
+
+    def close(self) -> None:
+        self.flush()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+            self.shards += 1
+            self.shard_chars = 0
+
+
+def write_source(folder: Path, label: str, docs: Iterator[Document], counts: Counter, meter: Meter) -> int:
+    """The documents as shards in `folder`; returns the number of shards."""
+    writer = ShardWriter(folder, label)
+    try:
         for doc_id, text in docs:
+            meter.update(docs=1)
             if not text.strip():
                 continue
-            batch.append((doc_id, text))
+            writer.add(doc_id, text)
             counts["documents"] += 1
             counts["characters"] += len(text)
-            if len(batch) >= BATCH_ROWS:
-                flush()
-        if batch:
-            flush()
+    finally:
+        writer.close()
+    return writer.shards
 
 
-def main() -> None:
+def documents(
+    source: SourceParams, key: str, cfg: IngestParams, counts: Counter, meter: Meter
+) -> Iterator[Document]:
+    if source.kind == "files":
+        return file_documents(source, key, cfg, counts, meter)
+    if source.kind == "glue":
+        return glue_documents(source, key, counts)
+    return dataset_documents(source, key, counts, meter)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
     params = load_params()
     cfg = params.ingest
-    synthetic = [s.synthetic or (s.kind == "glue" and params.glue.synthetic) for s in cfg.sources]
-    any_synthetic = any(synthetic)
+    if len(args) != 1 or args[0] not in cfg.sources:
+        known = ", ".join(cfg.sources)
+        raise StageError(f"usage: python -m stages.ingest <source>; the sources (ingest.sources): {known}")
+    name = args[0]
+    source, key = cfg.sources[name], f"ingest.sources.{name}"
+    synthetic = source.synthetic or (source.kind == "glue" and glue_manifest(source, key)["synthetic"])
     with stage_run(
-        "ingest", params.tracking.experiment, {"ingest": cfg.model_dump()}, {"data.synthetic": any_synthetic}
+        "ingest",
+        params.tracking.experiment,
+        {"ingest": {"source": name, **source.model_dump(), "encoding_errors": cfg.encoding_errors}},
+        {"data.synthetic": synthetic, "source": name},
     ) as run:
-        report: dict[str, dict[str, int]] = {}
-        manifest = []
-        with atomic_dir(RAW) as tmp:
-            for i, source in enumerate(cfg.sources):
-                key = f"ingest.sources[{i}]"
-                counts: Counter = Counter()
-                if source.kind == "files":
-                    docs = file_documents(source, key, cfg, counts)
-                elif source.kind == "glue":
-                    docs = glue_documents(source, key, params.glue, counts)
-                else:
-                    docs = dataset_documents(source, key, counts)
-                write_source(tmp / f"{i:02d}-{source.label}.parquet", source.label, docs, counts)
-                if counts["documents"] == 0:
-                    log.warning("%s (%s): no documents", key, source.label)
-                report[source.label] = dict(sorted(counts.items()))
-                manifest.append(
-                    {
-                        "name": source.label,
-                        "kind": source.kind,
-                        "synthetic": synthetic[i],
-                        "documents": counts["documents"],
-                        "characters": counts["characters"],
-                    }
-                )
-            total = sum(c.get("documents", 0) for c in report.values())
-            if total == 0:
-                raise StageError(f"ingest: no documents in any source: {report}")
-            write_json(tmp / "manifest.json", {"synthetic": any_synthetic, "sources": manifest})
-        totals: Counter = Counter()
-        for counts_of_source in report.values():
-            totals.update(counts_of_source)
-        write_json(INGEST_METRICS, {"total": dict(sorted(totals.items())), "sources": report})
-        run.log_metrics({"total": dict(totals)})
+        counts: Counter = Counter()
+        meter = Meter(f"ingest {name}")
+        with atomic_dir(raw_dir(name)) as tmp:
+            shards = write_source(tmp, name, documents(source, key, cfg, counts, meter), counts, meter)
+            meter.close()
+            if counts["documents"] == 0:
+                raise StageError(f"{key}: no documents in '{source.path}': {dict(sorted(counts.items()))}")
+            write_json(
+                tmp / "manifest.json",
+                {
+                    "name": name,
+                    "kind": source.kind,
+                    "synthetic": synthetic,
+                    "documents": counts["documents"],
+                    "characters": counts["characters"],
+                    "shards": shards,
+                },
+            )
+        report = dict(sorted(counts.items()))
+        write_json(ingest_metrics(name), report)
+        run.log_metrics(report)
         log.info(
-            "ingest: %d documents, %.1f MB from %d sources",
-            totals["documents"],
-            totals["characters"] / 1e6,
-            len(cfg.sources),
+            "ingest %s: %d documents, %.1f MB in %d shard(s)",
+            name,
+            counts["documents"],
+            counts["characters"] / 1e6,
+            shards,
         )
 
 

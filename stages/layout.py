@@ -7,9 +7,10 @@ import hashlib
 from pathlib import Path
 
 SAMPLE = Path("data/sample")
+HUB = Path("data/hub")
 RAW = Path("data/raw")
-INGEST_METRICS = Path("metrics/ingest.json")
 CLEAN = Path("data/clean")
+CLEAN_WORK = Path("data/.clean-work")  # a run's finished phases, for resuming it; not a DVC output
 CLEAN_METRICS = Path("metrics/clean.json")
 TOKENIZER = Path("data/tokenizer")
 TOKENS = Path("data/tokens")
@@ -22,6 +23,29 @@ GLUE_TABLE = Path("reports/glue.csv")
 GLUE_CHART = Path("reports/glue.png")
 GLUE_PLOT = Path("plots/glue.csv")
 CHECKPOINTS = Path("checkpoints")
+
+
+def hub_dir(name: str) -> Path:
+    """A pinned Hub dataset as a `save_to_disk` folder (a DVC output)."""
+    return HUB / name
+
+
+def hub_metrics(name: str) -> Path:
+    return Path("metrics/hub") / f"{name}.json"
+
+
+def raw_dir(source: str) -> Path:
+    """One ingest source's documents as parquet shards (a DVC output)."""
+    return RAW / source
+
+
+def ingest_metrics(source: str) -> Path:
+    return Path("metrics/ingest") / f"{source}.json"
+
+
+def clean_shards(folder: Path = CLEAN) -> list[Path]:
+    """The clean documents, in corpus order."""
+    return sorted(folder.glob("part-*.parquet"))
 
 
 def final_checkpoint(model: str) -> Path:

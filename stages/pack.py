@@ -21,16 +21,16 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from stages.common import (
+    Meter,
     StageError,
     atomic_dir,
     cpu_threads,
     log,
-    progress,
     read_json,
     run_main,
     write_json,
 )
-from stages.layout import CLEAN, TOKENIZER, TOKENS
+from stages.layout import CLEAN, TOKENIZER, TOKENS, clean_shards
 from stages.params import PackParams, load_params
 from stages.tracking import stage_run
 
@@ -79,29 +79,30 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Itera
 
 
 def encoded_batches(
-    documents: Path, model_file: Path, dtype: np.dtype, threads: int, batch_documents: int
+    documents: list[Path], model_file: Path, dtype: np.dtype, threads: int, batch_documents: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Batches in document order. SentencePiece releases the GIL while it encodes, so small batches on
     a thread pool keep every core busy, also while another thread turns ids into arrays."""
     processor = spm.SentencePieceProcessor(model_file=str(model_file))
-    table = pq.ParquetFile(documents)
     batches = (
-        b.column(0).to_pylist() for b in table.iter_batches(batch_size=batch_documents, columns=["text"])
+        b.column(0).to_pylist()
+        for path in documents
+        for b in pq.ParquetFile(path).iter_batches(batch_size=batch_documents, columns=["text"])
     )
     yield from ordered_map(partial(encode_batch, processor, dtype), batches, threads)
 
 
 def pack(
-    documents: Path, model_file: Path, cfg: PackParams, seed: int, out_dir: Path
+    documents: list[Path], model_file: Path, cfg: PackParams, seed: int, out_dir: Path
 ) -> dict[str, dict[str, int]]:
     vocab_size = spm.SentencePieceProcessor(model_file=str(model_file)).get_piece_size()
     dtype = token_dtype(vocab_size)
-    n_docs = pq.ParquetFile(documents).metadata.num_rows
+    n_docs = sum(pq.ParquetFile(path).metadata.num_rows for path in documents)
     is_val = val_mask(n_docs, cfg.val_fraction, seed)
     threads = cpu_threads(cfg.threads)
     counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
     start = 0
-    bar = progress(total=n_docs, desc="pack", unit="doc")
+    meter = Meter("pack", total_docs=n_docs)
     with open(out_dir / "train.bin", "wb") as train, open(out_dir / "val.bin", "wb") as val:
         for ids, lengths in encoded_batches(documents, model_file, dtype, threads, cfg.batch_documents):
             doc_is_val = is_val[start : start + len(lengths)]
@@ -115,8 +116,8 @@ def pack(
                 chosen.tofile(handle)
                 counts[split]["documents"] += int(docs.sum())
                 counts[split]["tokens"] += len(chosen)
-            bar.update(len(lengths))
-    bar.close()
+            meter.update(docs=len(lengths))
+    meter.close()
     return counts
 
 
@@ -132,7 +133,7 @@ def main() -> None:
         {"data.synthetic": manifest["synthetic"], "tokenizer_sha256": tok_meta["sha256"]},
     ) as run:
         with atomic_dir(TOKENS) as tmp:
-            counts = pack(CLEAN / "documents.parquet", TOKENIZER / "spm.model", cfg, params.seed, tmp)
+            counts = pack(clean_shards(), TOKENIZER / "spm.model", cfg, params.seed, tmp)
             meta = {
                 "vocab_size": tok_meta["vocab_size"],
                 "dtype": token_dtype(tok_meta["vocab_size"]).name,

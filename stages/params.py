@@ -6,12 +6,21 @@ the stage before any work, with one line naming the dotted key, the value and wh
 
 from __future__ import annotations
 
+import glob
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig
 from stages.common import StageError
@@ -45,57 +54,94 @@ class SampleParams(Strict):
         return self
 
 
+def _input_path(path: str) -> str:
+    """A file or folder a stage reads: DVC hashes it (a dep in dvc.yaml), so it must be a real path,
+    and one outside the project must be absolute (`dvc exp run --temp` runs in another folder)."""
+    if glob.has_magic(path):
+        raise ValueError(
+            f"'{path}' is a pattern: give the folder as 'path' and the pattern as 'include' "
+            "(DVC hashes the folder)"
+        )
+    if not Path(path).is_absolute() and ".." in Path(path).parts:
+        raise ValueError(f"'{path}' leaves the project: give a folder outside it as an absolute path")
+    return path
+
+
+InputPath = Annotated[str, Field(min_length=1), AfterValidator(_input_path)]
+
+
 class SourceParams(Strict):
-    """One ingest source. `kind` says where the documents come from."""
+    """One ingest source: `path` is what it reads (a file or folder, hashed by DVC), `kind` how."""
 
     kind: Literal["files", "hf", "disk", "glue"] = "files"
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
-    # files: a path or a glob (relative to the repo root); format from the extension unless given
-    path: str | None = None
+    path: InputPath
+    # files: `include` picks files under a folder (glob patterns relative to it; hidden files never)
+    include: list[str] = Field(["**/*"], min_length=1)
     format: Literal["auto", "txt", "jsonl", "json", "parquet", "csv"] = "auto"
     split_by: Literal["paragraphs", "chunks", "lines", "file"] = "paragraphs"
     max_doc_chars: int = Field(100_000, ge=100)
-    # hf: datasets.load_dataset(dataset, config, split=split, data_files=data_files), streamed
-    dataset: str | None = None
+    # hf: datasets.load_dataset(path, config, split=split, data_files=data_files), streamed: a local
+    # builder (a folder of data files or a loading script); Hub datasets come from `hub` (pinned)
     config: str | None = None
     split: str | None = None
     data_files: str | list[str] | None = None
     max_documents: int | None = Field(None, ge=1)
     text_column: str = "text"
-    # glue: the unlabeled text of these tasks' train splits, read as `glue` says (null: glue.tasks)
+    # glue: the unlabeled text of these tasks' train splits, from a folder glue_prepare wrote
+    # (data/glue; null: every task in it)
     tasks: list[str] | None = Field(None, min_length=1)
     synthetic: bool = False
 
+    @field_validator("include")
+    @classmethod
+    def _relative_patterns(cls, patterns: list[str]) -> list[str]:
+        for i, pattern in enumerate(patterns):
+            if Path(pattern).is_absolute() or ".." in Path(pattern).parts:
+                raise ValueError(f"item {i}, '{pattern}', must be a pattern relative to 'path'")
+        return patterns
+
     @model_validator(mode="after")
     def _kind_fields(self) -> SourceParams:
-        if self.kind in ("files", "disk") and not self.path:
-            raise ValueError(f"a '{self.kind}' source needs 'path'")
-        if self.kind == "hf" and not self.dataset:
-            raise ValueError("an 'hf' source needs 'dataset'")
-        if self.kind != "hf" and (self.dataset or self.config or self.data_files):
-            raise ValueError(f"'dataset', 'config' and 'data_files' are for 'hf' sources, not '{self.kind}'")
-        if self.kind == "glue" and (self.path or self.split):
-            raise ValueError("a 'glue' source reads the train splits of `glue`: no 'path' or 'split'")
+        if self.kind != "hf" and (self.config or self.data_files):
+            raise ValueError(f"'config' and 'data_files' are for 'hf' sources, not '{self.kind}'")
+        if self.kind == "glue" and self.split:
+            raise ValueError("a 'glue' source reads the train splits: no 'split'")
         if self.kind != "glue" and self.tasks:
             raise ValueError(f"'tasks' is for 'glue' sources, not '{self.kind}'")
+        if self.kind != "files" and self.include != ["**/*"]:
+            raise ValueError(f"'include' is for 'files' sources, not '{self.kind}'")
         return self
 
-    @property
-    def label(self) -> str:
-        return self.name or Path(self.path or self.dataset or self.kind).stem.replace("*", "all")
+
+SourceName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$")]
 
 
 class IngestParams(Strict):
-    sources: list[SourceParams] = Field(min_length=1)
+    """`sources`: name -> source; each is its own stage `ingest@<name>` writing `data/raw/<name>`."""
+
+    sources: dict[SourceName, SourceParams] = Field(min_length=1)
     encoding_errors: Literal["replace", "skip", "fail"] = "replace"
     on_malformed: Literal["fail", "skip"] = "fail"
 
+
+class HubParams(Strict):
+    """A Hugging Face Hub dataset pinned to a commit: stage `hub@<name>` saves it to `data/hub/<name>`
+    (a `save_to_disk` folder that `ingest` reads as a `disk` source, or `glue` as a task folder)."""
+
+    dataset: str = Field(min_length=1, description="the Hub id, e.g. allenai/c4 or nyu-mll/glue")
+    config: str | None = None
+    split: str | None = Field(None, description="one split; null: every split (a DatasetDict)")
+    revision: str = Field(
+        pattern=r"^[0-9a-f]{40}$",
+        description="the dataset repository's commit sha: a branch or tag can move under the pipeline",
+    )
+    data_files: str | list[str] | None = None
+    max_documents: int | None = Field(None, ge=1, description="stream this many rows of `split` only")
+
     @model_validator(mode="after")
-    def _unique_names(self) -> IngestParams:
-        labels = [s.label for s in self.sources]
-        dupes = sorted({x for x in labels if labels.count(x) > 1})
-        if dupes:
-            raise ValueError(f"source names must be unique; repeated: {', '.join(dupes)} (set 'name')")
+    def _streamed_split(self) -> HubParams:
+        if self.max_documents is not None and self.split is None:
+            raise ValueError("'max_documents' streams one split: give 'split'")
         return self
 
 
@@ -145,6 +191,17 @@ class CleanParams(Strict):
             if not 1 <= key <= 20:
                 raise ValueError(f"n-gram sizes must be between 1 and 20, got {key}")
         return self
+
+
+class ClusterParams(Strict):
+    """Where the data stages run their shards: every core here, or the workers of a Dask cluster. The
+    outputs are the same bytes either way, so no stage depends on this section."""
+
+    scheduler: str | None = Field(
+        None,
+        pattern=r"^(tcp|tls|inproc|ucx)://\S+$",
+        description="a Dask scheduler's address (tcp://host:8786); its workers must see this folder",
+    )
 
 
 class TokenizerParams(Strict):
@@ -270,11 +327,11 @@ class PretrainParams(Strict):
 
 
 class GlueParams(Strict):
-    """Where GLUE comes from: the original TSV folders, the Hub, or `save_to_disk` folders."""
+    """Where GLUE comes from: a folder in the original TSV layout, or one of `save_to_disk` folders
+    (one per task, e.g. written by `hub` stages from nyu-mll/glue). DVC hashes the folder."""
 
-    source: Literal["tsv", "hub", "disk"] = "tsv"
-    path: str | None = Field(None, description="tsv: the GLUE folder; disk: a folder of <task>/ datasets")
-    dataset: str = "nyu-mll/glue"
+    source: Literal["tsv", "disk"] = "tsv"
+    path: InputPath = Field(description="tsv: the GLUE folder; disk: a folder of <task>/ datasets")
     tasks: list[str] = Field(["sst2", "rte"], min_length=1)
     synthetic: bool = False
 
@@ -287,12 +344,6 @@ class GlueParams(Strict):
             if name not in TASKS:
                 raise ValueError(f"item {i}, '{name}', is not a GLUE task; the tasks are: {', '.join(TASKS)}")
         return tasks
-
-    @model_validator(mode="after")
-    def _path(self) -> GlueParams:
-        if self.source != "hub" and not self.path:
-            raise ValueError(f"source '{self.source}' needs 'path'")
-        return self
 
 
 class FinetuneTaskParams(Strict):
@@ -355,6 +406,8 @@ class Params(Strict):
     seed: int = Field(1234, ge=0, le=2**32 - 1)
     tracking: TrackingParams = TrackingParams()
     sample: SampleParams = SampleParams()
+    cluster: ClusterParams = ClusterParams()
+    hub: dict[SourceName, HubParams] = {}
     ingest: IngestParams
     clean: CleanParams = CleanParams()
     tokenizer: TokenizerParams = TokenizerParams()

@@ -18,16 +18,16 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from stages.common import (
+    Meter,
     StageError,
     atomic_dir,
     cpu_threads,
     log,
-    progress,
     read_json,
     run_main,
     write_json,
 )
-from stages.layout import CLEAN, CLEAN_METRICS, TOKENIZER
+from stages.layout import CLEAN, CLEAN_METRICS, TOKENIZER, clean_shards
 from stages.params import TokenizerParams, load_params
 from stages.readers import split_long
 from stages.tracking import stage_run
@@ -40,14 +40,15 @@ _TOO_BIG = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a 
 
 
 def training_lines(
-    path: Path, cfg: TokenizerParams, total_chars: int, seed: int, stats: dict[str, int]
+    paths: list[Path], cfg: TokenizerParams, total_chars: int, seed: int, stats: dict[str, int]
 ) -> Iterator[str]:
     """Lines of a seeded sample of documents, about `max_train_chars` in all."""
     keep = min(1.0, cfg.max_train_chars / max(total_chars, 1))
     rng = np.random.default_rng(seed)
-    table = pq.ParquetFile(path)
-    bar = progress(total=table.metadata.num_rows, desc="tokenizer input", unit="doc")
-    for batch in table.iter_batches(batch_size=4096, columns=["text"]):
+    files = [pq.ParquetFile(path) for path in paths]
+    meter = Meter("tokenizer input", total_docs=sum(f.metadata.num_rows for f in files))
+    batches = (batch for f in files for batch in f.iter_batches(batch_size=4096, columns=["text"]))
+    for batch in batches:
         texts = batch.column(0).to_pylist()
         chosen = rng.random(len(texts)) < keep
         for text, take in zip(texts, chosen, strict=True):
@@ -57,8 +58,8 @@ def training_lines(
             stats["characters"] += len(text)
             for line in text.split("\n"):
                 yield from split_long(line, MAX_SENTENCE_CHARS)
-        bar.update(len(texts))
-    bar.close()
+        meter.update(docs=len(texts), nbytes=sum(map(len, texts)))
+    meter.close()
 
 
 def train(lines: Iterator[str], cfg: TokenizerParams, seed: int) -> bytes:
@@ -119,7 +120,7 @@ def main() -> None:
     ) as run:
         stats = {"documents": 0, "characters": 0}
         lines = training_lines(
-            CLEAN / "documents.parquet", cfg, clean_metrics["characters_kept"], params.seed, stats
+            clean_shards(), cfg, clean_metrics["characters_kept"], params.seed, stats
         )
         model = train(lines, cfg, params.seed)
         processor = spm.SentencePieceProcessor(model_proto=model)

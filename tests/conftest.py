@@ -63,8 +63,9 @@ class Workdir:
             self.params = saved
             self.write_params()
 
-    def sources(self, *sources: dict) -> None:
-        self.params["ingest"]["sources"] = list(sources)
+    def sources(self, **sources: dict) -> None:
+        """`ingest.sources`, by name."""
+        self.params["ingest"]["sources"] = sources
         self.write_params()
 
     def run(self, stage: str, *args: str) -> subprocess.CompletedProcess[str]:

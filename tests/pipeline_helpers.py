@@ -11,6 +11,16 @@ from tests.conftest import Workdir
 STAGES = {"sample": sample, "ingest": ingest, "clean": clean, "tokenizer": tokenizer, "pack": pack}
 
 
+def clean_texts(project: Path) -> list[str]:
+    """The texts `clean` kept in `project`, in corpus order."""
+    import pyarrow.parquet as pq
+
+    from stages.layout import clean_shards
+
+    shards = clean_shards(project / "data/clean")
+    return [text for path in shards for text in pq.read_table(path, columns=["text"]).column(0).to_pylist()]
+
+
 def run_stages(workdir: Workdir, *names: str) -> None:
     """Data stages by name; "pretrain", "<model>" pretrains that model."""
     with contextlib.chdir(workdir.path):
@@ -19,6 +29,9 @@ def run_stages(workdir: Workdir, *names: str) -> None:
             name = queue.pop(0)
             if name == "pretrain":
                 pretrain.main([queue.pop(0)])
+            elif name == "ingest":
+                for source in workdir.params["ingest"]["sources"]:
+                    ingest.main([source])
             else:
                 STAGES[name].main()
 
@@ -28,7 +41,7 @@ def prepared(path: Path, corpus_dir: Path | None, **overrides: object) -> Workdi
     workdir = Workdir(path)
     if corpus_dir is not None:
         workdir.sources(
-            {"name": "real", "path": f"{corpus_dir}/*.txt", "split_by": "chunks", "max_doc_chars": 8000}
+            real={"path": str(corpus_dir), "include": ["*.txt"], "split_by": "chunks", "max_doc_chars": 8000}
         )
         workdir.set("tokenizer.vocab_size", 8000)
         workdir.set("clean.workers", 2)

@@ -34,3 +34,4 @@ def test_a_killed_writers_leftovers_go_with_the_next_write(tmp_path: Path) -> No
     with atomic_file(folder / "summary.json") as handle:
         handle.write("{}")
     assert sorted(p.name for p in folder.iterdir()) == [".scratch.tmp-keep", "pretrained", "summary.json"]
+

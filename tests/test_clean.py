@@ -12,6 +12,7 @@ import pytest
 from stages import clean, ingest
 from stages.params import CleanParams
 from stages.quality import RULES, failed_rule, normalize
+from tests.pipeline_helpers import clean_texts
 
 CFG = CleanParams()
 WORDS = [
@@ -78,15 +79,18 @@ def test_duplicate_line_chars_rule() -> None:
 
 
 def write_raw(workdir, texts: list[str]) -> None:
-    raw = workdir.path / "data/raw"
+    """One source `t` as ingest@t writes it."""
+    raw = workdir.path / "data/raw/t"
     raw.mkdir(parents=True)
     ids = [f"t#{i}" for i in range(len(texts))]
-    pq.write_table(pa.table({"id": ids, "source": ["t"] * len(texts), "text": texts}), raw / "00-t.parquet")
-    (raw / "manifest.json").write_text(json.dumps({"synthetic": False, "sources": []}))
+    table = pa.table({"id": ids, "source": ["t"] * len(texts), "text": texts})
+    pq.write_table(table, raw / "part-00000.parquet", row_group_size=8)  # shards of 8 documents
+    (raw / "manifest.json").write_text(json.dumps({"name": "t", "synthetic": False}))
+    workdir.sources(t={"path": "unused"})
 
 
 def kept(workdir) -> list[str]:
-    return pq.read_table(workdir.path / "data/clean/documents.parquet").column("text").to_pylist()
+    return clean_texts(workdir.path)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -121,8 +125,9 @@ def test_nothing_left_is_an_error_with_rule_counts(workdir) -> None:
 
 
 def test_real_corpus(workdir, corpus_dir) -> None:
-    workdir.sources({"path": f"{corpus_dir}/wikitext2_raw_*.txt", "split_by": "paragraphs"})
-    ingest.main()
+    wiki = {"path": str(corpus_dir), "include": ["wikitext2_raw_*.txt"], "split_by": "paragraphs"}
+    workdir.sources(wiki=wiki)
+    ingest.main(["wiki"])
     workdir.set("clean.workers", 2)
     clean.main()
     report = json.loads((workdir.path / "metrics/clean.json").read_text())

@@ -72,8 +72,11 @@ def test_dvc_yaml_declares_the_outputs_that_stages_layout_names() -> None:
 
     model, task = "${key}", "${item.task}"
     assert declared("sample", "outs") == [str(layout.SAMPLE)]
-    assert declared("ingest", "outs") == [str(layout.RAW)]
-    assert declared("ingest", "metrics") == [str(layout.INGEST_METRICS)]
+    assert declared("hub", "outs") == [str(layout.hub_dir(model))]
+    assert declared("hub", "metrics") == [str(layout.hub_metrics(model))]
+    assert declared("ingest", "outs") == [str(layout.raw_dir(model))]
+    assert declared("ingest", "metrics") == [str(layout.ingest_metrics(model))]
+    assert str(layout.RAW) in declared("clean", "deps")
     assert declared("clean", "outs") == [str(layout.CLEAN)]
     assert declared("clean", "metrics") == [str(layout.CLEAN_METRICS)]
     assert declared("tokenizer", "outs") == [str(layout.TOKENIZER)]

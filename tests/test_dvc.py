@@ -24,7 +24,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_repro_then_nothing_then_only_what_changed(repo: Path) -> None:
     first = dvc(repo, "repro", "pack")
-    assert stages_run(first) == ["sample", "ingest", "clean", "tokenizer", "pack"]
+    assert stages_run(first) == ["sample", "ingest@sample", "clean", "tokenizer", "pack"]
     meta = json.loads((repo / "data/tokens/meta.json").read_text())
     assert meta["synthetic"] is True and meta["train"]["tokens"] > 50_000
 

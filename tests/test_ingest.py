@@ -18,13 +18,20 @@ from stages.common import StageError
 PARA = "The committee met on Tuesday and agreed on a plan for the new library building."
 
 
+def run(workdir) -> None:
+    """`ingest@<name>` of every source, in order."""
+    for name in workdir.params["ingest"]["sources"]:
+        ingest.main([name])
+
+
 def raw_texts(workdir) -> list[str]:
-    files = sorted((workdir.path / "data/raw").glob("*.parquet"))
+    names = workdir.params["ingest"]["sources"]
+    files = [f for name in names for f in sorted((workdir.path / "data/raw" / name).glob("*.parquet"))]
     return [t for f in files for t in pq.read_table(f).column("text").to_pylist()]
 
 
-def metrics(workdir) -> dict:
-    return json.loads((workdir.path / "metrics/ingest.json").read_text())
+def metrics(workdir, name: str = "src") -> dict:
+    return json.loads((workdir.path / "metrics/ingest" / f"{name}.json").read_text())
 
 
 def write(path: Path, data: bytes | str) -> Path:
@@ -43,54 +50,53 @@ def test_every_format_and_gzip(workdir) -> None:
     pd.DataFrame(records).to_csv(src / "e.csv", index=False)
     for name in ["a.txt", "b.jsonl", "c.json", "d.parquet", "e.csv"]:
         write(src / "gz" / f"{name}.gz", gzip.compress((src / name).read_bytes()))
-    workdir.sources({"name": "plain", "path": "src/*.*"}, {"name": "zipped", "path": "src/gz"})
-    ingest.main()
-    report = metrics(workdir)
-    assert report["sources"]["plain"]["documents"] == 2 + 3 * 4
-    assert report["sources"]["zipped"]["documents"] == 2 + 3 * 4
+    workdir.sources(plain={"path": "src", "include": ["*.*"]}, zipped={"path": "src/gz"})
+    run(workdir)
+    assert metrics(workdir, "plain")["documents"] == 2 + 3 * 4
+    assert metrics(workdir, "zipped")["documents"] == 2 + 3 * 4
     texts = raw_texts(workdir)
     assert texts.count(f"{PARA} Record 1.") == 8
-    frame = pq.read_table(workdir.path / "data/raw/00-plain.parquet").to_pandas()
+    frame = pq.read_table(workdir.path / "data/raw/plain/part-00000.parquet").to_pandas()
     assert list(frame.columns) == ["id", "source", "text"]
     assert frame["id"].is_unique and set(frame["source"]) == {"plain"}
-    assert "src/a.txt#0" in set(frame["id"])
+    assert "plain/a.txt#0" in set(frame["id"])  # relative to the source: the same wherever it lives
 
 
 def test_split_modes_and_max_doc_chars(workdir) -> None:
     paras = [f"Paragraph {i}. {PARA}" for i in range(10)]
     write(workdir.path / "book.txt", "\n\n".join(paras) + "\n")
-    workdir.sources({"path": "book.txt", "split_by": "chunks", "max_doc_chars": 400})
-    ingest.main()
+    workdir.sources(src={"path": "book.txt", "split_by": "chunks", "max_doc_chars": 400})
+    run(workdir)
     docs = raw_texts(workdir)
     assert all(len(d) <= 400 for d in docs) and [d.count("Paragraph") for d in docs] == [4, 4, 2]
     assert "\n\n".join(docs) == "\n\n".join(paras)
-    workdir.sources({"path": "book.txt", "split_by": "file", "max_doc_chars": 100_000})
-    ingest.main()
+    workdir.sources(src={"path": "book.txt", "split_by": "file", "max_doc_chars": 100_000})
+    run(workdir)
     assert raw_texts(workdir) == ["\n\n".join(paras)]
 
 
 def test_bom_and_crlf_are_removed(workdir) -> None:
     write(workdir.path / "win.txt", ("\ufeff" + f"{PARA}\r\nsame paragraph\r\n\r\n{PARA}\r\n").encode())
-    workdir.sources({"path": "win.txt"})
-    ingest.main()
+    workdir.sources(src={"path": "win.txt"})
+    run(workdir)
     assert raw_texts(workdir) == [f"{PARA}\nsame paragraph", PARA]
 
 
 def test_invalid_utf8_policies(workdir) -> None:
     write(workdir.path / "bad.txt", PARA.encode() + b" caf\xe9 \xff\n\n" + PARA.encode() + b"\n")
-    workdir.sources({"path": "bad.txt"})
-    ingest.main()
+    workdir.sources(src={"path": "bad.txt"})
+    run(workdir)
     assert raw_texts(workdir) == [f"{PARA} caf\ufffd \ufffd", PARA]
-    assert metrics(workdir)["total"]["invalid_utf8_bytes_replaced"] == 2
+    assert metrics(workdir)["invalid_utf8_bytes_replaced"] == 2
 
     workdir.set("ingest.encoding_errors", "skip")
-    ingest.main()
+    run(workdir)
     assert raw_texts(workdir) == [PARA]
-    assert metrics(workdir)["total"]["invalid_utf8_documents_skipped"] == 1
+    assert metrics(workdir)["invalid_utf8_documents_skipped"] == 1
 
     workdir.set("ingest.encoding_errors", "fail")
     with pytest.raises(StageError, match=r"bad.txt:1: invalid UTF-8 byte 0xe9 at offset 83"):
-        ingest.main()
+        run(workdir)
 
 
 def test_binary_and_empty_files_are_skipped_counted_and_named(workdir, caplog) -> None:
@@ -98,11 +104,11 @@ def test_binary_and_empty_files_are_skipped_counted_and_named(workdir, caplog) -
     write(workdir.path / "src/image.txt", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
     write(workdir.path / "src/empty.txt", b"")
     write(workdir.path / "src/blank.txt", b"  \n\n ")
-    workdir.sources({"path": "src/*.txt"})
+    workdir.sources(src={"path": "src", "include": ["*.txt"]})
     with caplog.at_level(logging.WARNING, logger="lmpipe"):
-        ingest.main()
+        run(workdir)
     assert raw_texts(workdir) == [PARA]
-    total = metrics(workdir)["total"]
+    total = metrics(workdir)
     assert total["binary_files_skipped"] == 1 and total["empty_files"] == 2 and total["files"] == 4
     assert "src/image.txt: binary file (NUL bytes), skipped" in caplog.text
     assert "src/empty.txt: empty file, skipped" in caplog.text
@@ -111,34 +117,44 @@ def test_binary_and_empty_files_are_skipped_counted_and_named(workdir, caplog) -
 def test_one_50mb_line_becomes_bounded_documents(workdir) -> None:
     words = ("lorem ipsa dolor sit amet consectetur " * 1_400_000)[: 50 * 1024 * 1024]
     write(workdir.path / "huge.txt", words + "\n")
-    workdir.sources({"path": "huge.txt", "max_doc_chars": 100_000})
-    ingest.main()
+    workdir.sources(src={"path": "huge.txt", "max_doc_chars": 100_000})
+    run(workdir)
     docs = raw_texts(workdir)
     assert all(len(d) <= 100_000 for d in docs)
     assert sum(len(d) for d in docs) >= len(words.strip()) - len(docs)  # only cut whitespace is lost
     assert len(docs) == pytest.approx(len(words) / 100_000, rel=0.02)
 
 
-def test_missing_path_and_empty_glob_are_named(workdir) -> None:
-    workdir.sources({"path": "nowhere/*.txt"})
-    with pytest.raises(StageError, match=r"ingest.sources\[0\].path: 'nowhere/\*.txt' matches no file"):
-        ingest.main()
-    write(workdir.path / "ok.txt", PARA)
-    workdir.sources({"path": "ok.txt"}, {"path": "missing.jsonl"})
-    with pytest.raises(StageError, match=r"ingest.sources\[1\].path: 'missing.jsonl' does not exist"):
-        ingest.main()
+def test_missing_path_and_empty_include_are_named(workdir) -> None:
+    write(workdir.path / "src/a.md", PARA)
+    workdir.sources(src={"path": "src", "include": ["*.txt", "**/*.gz"]})
+    with pytest.raises(StageError, match=r"sources.src.include: \*.txt, \*\*/\*.gz matches no file in 'src'"):
+        run(workdir)
+    workdir.sources(src={"path": "missing.jsonl"})
+    with pytest.raises(StageError, match=r"ingest.sources.src.path: 'missing.jsonl' does not exist"):
+        run(workdir)
+
+
+def test_hidden_files_and_folders_are_not_read(workdir) -> None:
+    write(workdir.path / "src/a.txt", PARA)
+    write(workdir.path / "src/.hidden.txt", PARA + " hidden")
+    write(workdir.path / "src/.git/b.txt", PARA + " in git")
+    write(workdir.path / "src/sub/c.txt", PARA + " nested")
+    workdir.sources(src={"path": "src"})
+    run(workdir)
+    assert raw_texts(workdir) == [PARA, PARA + " nested"]
 
 
 def test_malformed_jsonl_fails_with_file_and_line_or_is_skipped(workdir) -> None:
     lines = [json.dumps({"text": PARA}), '{"text": "unterminated', "[1, 2]", json.dumps({"text": PARA + "!"})]
     write(workdir.path / "d.jsonl", "\n".join(lines) + "\n")
-    workdir.sources({"path": "d.jsonl"})
+    workdir.sources(src={"path": "d.jsonl"})
     with pytest.raises(StageError, match=r"d.jsonl:2: malformed JSON line \(Unterminated string"):
-        ingest.main()
+        run(workdir)
     workdir.set("ingest.on_malformed", "skip")
-    ingest.main()
+    run(workdir)
     assert raw_texts(workdir) == [PARA, PARA + "!"]
-    assert metrics(workdir)["total"]["malformed_records_skipped"] == 2
+    assert metrics(workdir)["malformed_records_skipped"] == 2
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl", "json"])
@@ -153,40 +169,42 @@ def test_table_without_text_column_lists_its_columns(workdir, fmt: str) -> None:
         write(path, json.dumps(records[0]) + "\n")
     else:
         write(path, json.dumps(records))
-    workdir.sources({"path": f"t.{fmt}"})
+    workdir.sources(src={"path": f"t.{fmt}"})
     with pytest.raises(StageError) as info:
-        ingest.main()
+        run(workdir)
     assert str(info.value) == (
-        f"t.{fmt}: no text column 'text' (ingest.sources[0].text_column); its columns are: body, title"
+        f"t.{fmt}: no text column 'text' (ingest.sources.src.text_column); its columns are: body, title"
     )
-    workdir.sources({"path": f"t.{fmt}", "text_column": "body"})
-    ingest.main()
+    workdir.sources(src={"path": f"t.{fmt}", "text_column": "body"})
+    run(workdir)
     assert raw_texts(workdir) == [PARA]
 
 
 def test_truncated_gzip_is_an_error(workdir) -> None:
     data = gzip.compress((PARA + "\n\n").encode() * 2000)
     write(workdir.path / "cut.txt.gz", data[: len(data) // 2])
-    workdir.sources({"path": "cut.txt.gz"})
+    workdir.sources(src={"path": "cut.txt.gz"})
     with pytest.raises(StageError, match=r"cut.txt.gz: truncated gzip file"):
-        ingest.main()
+        run(workdir)
 
 
 def test_failed_run_leaves_previous_outputs_untouched(workdir) -> None:
-    write(workdir.path / "ok.txt", PARA)
-    workdir.sources({"path": "ok.txt"})
-    ingest.main()
-    before = {p.name: p.read_bytes() for p in (workdir.path / "data/raw").iterdir()}
-    metrics_before = (workdir.path / "metrics/ingest.json").read_bytes()
-    write(workdir.path / "bad.jsonl", "{oops\n")
-    workdir.sources({"path": "ok.txt"}, {"path": "bad.jsonl"})
-    result = workdir.run("ingest")
+    write(workdir.path / "src/ok.txt", PARA)
+    workdir.sources(src={"path": "src"})
+    run(workdir)
+    raw = workdir.path / "data/raw"
+    before = {p.relative_to(raw): p.read_bytes() for p in raw.rglob("*") if p.is_file()}
+    metrics_before = (workdir.path / "metrics/ingest/src.json").read_bytes()
+    write(workdir.path / "src/bad.jsonl", "{oops\n")
+    result = workdir.run("ingest", "src")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("error: bad.jsonl:1: malformed JSON line")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: src/bad.jsonl:1: malformed JSON line")
     assert "Traceback" not in result.stderr
-    assert {p.name: p.read_bytes() for p in (workdir.path / "data/raw").iterdir()} == before
-    assert (workdir.path / "metrics/ingest.json").read_bytes() == metrics_before
-    assert [p.name for p in (workdir.path / "data").iterdir()] == ["raw"]  # no temporary leftovers
+    assert {p.relative_to(raw): p.read_bytes() for p in raw.rglob("*") if p.is_file()} == before
+    assert (workdir.path / "metrics/ingest/src.json").read_bytes() == metrics_before
+    assert [p.name for p in raw.iterdir()] == ["src"]  # no temporary leftovers
+    result = workdir.run("ingest", "nosuch")
+    assert result.returncode == 2 and "the sources (ingest.sources): src" in result.stderr
 
 
 def test_save_to_disk_folder_and_hf_builder_offline(workdir) -> None:
@@ -194,22 +212,24 @@ def test_save_to_disk_folder_and_hf_builder_offline(workdir) -> None:
 
     rows = {"text": [PARA, PARA + " Again."], "label": [0, 1]}
     datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(workdir.path / "ds"))
-    write(workdir.path / "local.jsonl", "".join(json.dumps({"text": f"{PARA} {i}"}) + "\n" for i in range(5)))
+    lines = "".join(json.dumps({"text": f"{PARA} {i}"}) + "\n" for i in range(5))
+    write(workdir.path / "local/local.jsonl", lines)
     workdir.sources(
-        {"name": "disk", "kind": "disk", "path": "ds"},
-        {"name": "hub", "kind": "hf", "dataset": "json", "data_files": "local.jsonl", "max_documents": 3},
+        disk={"kind": "disk", "path": "ds"},
+        builder={"kind": "hf", "path": "local", "data_files": "local.jsonl", "max_documents": 3},
     )
-    ingest.main()
-    report = metrics(workdir)["sources"]
-    assert report["disk"]["documents"] == 2 and report["hub"]["documents"] == 3
-    workdir.sources({"kind": "disk", "path": "ds", "split": "test"})
+    run(workdir)
+    assert metrics(workdir, "disk")["documents"] == 2 and metrics(workdir, "builder")["documents"] == 3
+    workdir.sources(src={"kind": "disk", "path": "ds", "split": "test"})
     with pytest.raises(
-        StageError, match=r"ingest.sources\[0\].split: 'test' is not in ds; its splits are: train"
+        StageError, match=r"ingest.sources.src.split: 'test' is not in ds; its splits are: train"
     ):
-        ingest.main()
+        run(workdir)
 
 
 def test_glue_source_is_the_distinct_train_text_without_labels(workdir) -> None:
+    from stages import glue_prepare
+
     glue = workdir.path / "glue"
     write(glue / "SST-2/train.tsv", "sentence\tlabel\na fine film \t1\na  dull film\t0\na fine film\t1\n")
     write(glue / "SST-2/dev.tsv", "sentence\tlabel\nthe dev sentence\t1\n")
@@ -217,36 +237,46 @@ def test_glue_source_is_the_distinct_train_text_without_labels(workdir) -> None:
     write(glue / "RTE/train.tsv", rte)
     workdir.set("glue.path", "glue")
     workdir.set("glue.tasks", ["sst2", "rte"])
-    workdir.sources({"name": "tasks", "kind": "glue", "max_doc_chars": 100})
-    ingest.main()
-    frame = pq.read_table(workdir.path / "data/raw/00-tasks.parquet").to_pandas()
+    workdir.set("finetune.tasks", {t: {} for t in ["sst2", "rte"]})
+    write(glue / "RTE/dev.tsv", rte)
+    glue_prepare.main()
+    tasks = {"kind": "glue", "path": "data/glue", "tasks": ["sst2", "rte"], "max_doc_chars": 100}
+    workdir.sources(tasks=tasks)
+    run(workdir)
+    frame = pq.read_table(workdir.path / "data/raw/tasks/part-00000.parquet").to_pandas()
     assert frame["text"].tolist() == ["a fine film\na dull film", "A premise that is long."]
-    assert frame["id"].tolist() == ["glue/sst2/train#0", "glue/rte/train#0"]  # RTE's dev.tsv is not read
-    assert metrics(workdir)["sources"]["tasks"] == {
+    assert frame["id"].tolist() == ["tasks/sst2/train#0", "tasks/rte/train#0"]  # RTE's dev.tsv is not read
+    assert metrics(workdir, "tasks") == {
         "characters": 46,
         "documents": 2,
         "sentences": 3,
         "train_rows": 4,
     }
-    workdir.sources({"kind": "glue", "tasks": ["sst2", "sst3"]})
-    with pytest.raises(StageError, match=r"ingest.sources\[0\].tasks\[1\]: unknown GLUE task 'sst3'"):
-        ingest.main()
+    workdir.sources(src={"kind": "glue", "path": "data/glue", "tasks": ["sst2", "sst3"]})
+    with pytest.raises(StageError, match=r"ingest.sources.src.tasks\[1\]: unknown GLUE task 'sst3'"):
+        run(workdir)
+    workdir.sources(src={"kind": "glue", "path": "data/glue", "tasks": ["cola"]})
+    with pytest.raises(StageError, match=r"task 'cola' is not in 'data/glue'; it holds: rte, sst2"):
+        run(workdir)
+    workdir.sources(src={"kind": "glue", "path": "glue"})
+    with pytest.raises(StageError, match=r"'glue' is not a folder glue_prepare wrote"):
+        run(workdir)
 
 
-def test_all_sources_empty_is_an_error(workdir) -> None:
+def test_a_source_without_documents_is_an_error(workdir) -> None:
     write(workdir.path / "empty.txt", b"")
-    workdir.sources({"path": "empty.txt"})
-    with pytest.raises(StageError, match="ingest: no documents in any source"):
-        ingest.main()
-    assert not (workdir.path / "data/raw").exists()
+    workdir.sources(src={"path": "empty.txt"})
+    with pytest.raises(StageError, match="ingest.sources.src: no documents in 'empty.txt'"):
+        run(workdir)
+    assert not (workdir.path / "data/raw/src").exists()
 
 
 def test_real_corpus(workdir, corpus_dir: Path) -> None:
     workdir.sources(
-        {"name": "books", "path": f"{corpus_dir}/*.txt", "split_by": "chunks", "max_doc_chars": 8000}
+        books={"path": str(corpus_dir), "include": ["*.txt"], "split_by": "chunks", "max_doc_chars": 8000}
     )
-    ingest.main()
-    report = metrics(workdir)["total"]
+    run(workdir)
+    report = metrics(workdir, "books")
     assert report["files"] == len(list(corpus_dir.glob("*.txt")))
     texts = raw_texts(workdir)
     assert all(0 < len(t) <= 8000 for t in texts)

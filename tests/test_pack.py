@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import sentencepiece as spm
 
 from stages.common import StageError
 from stages.pack import token_dtype, val_mask
-from tests.pipeline_helpers import run_stages
+from tests.pipeline_helpers import clean_texts, run_stages
 
 
 @pytest.fixture(params=["sample_pipeline", "real_pipeline"])
@@ -32,7 +31,7 @@ def test_shards_hold_every_clean_document_once(packed) -> None:
     meta, arrays = shards(packed)
     sp = spm.SentencePieceProcessor(model_file=str(packed.path / "data/tokenizer/spm.model"))
     tok_meta = json.loads((packed.path / "data/tokenizer/tokenizer.json").read_text())
-    docs = pq.read_table(packed.path / "data/clean/documents.parquet").column("text").to_pylist()
+    docs = clean_texts(packed.path)
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == sp.get_piece_size()
     assert meta["tokenizer_sha256"] == tok_meta["sha256"]
     decoded = []

@@ -9,7 +9,7 @@ from tests.conftest import DEFAULT_PARAMS, ROOT
 
 def test_repository_params_are_valid() -> None:
     params = load_params(ROOT / "params.yaml")
-    assert params.ingest.sources[0].synthetic
+    assert params.ingest.sources["sample"].synthetic
     assert params.tokenizer.vocab_size == DEFAULT_PARAMS["tokenizer"]["vocab_size"]
 
 
@@ -53,17 +53,34 @@ def test_conflicting_options_are_rejected() -> None:
     with pytest.raises(StageError, match=r"clean: min_chars \(500\) must be <= max_chars \(100\)"):
         parse_params(raw)
     raw = copy.deepcopy(DEFAULT_PARAMS)
-    raw["ingest"]["sources"] = [{"kind": "files"}]
-    with pytest.raises(StageError, match=r"ingest.sources\[0\]: a 'files' source needs 'path'"):
+    cases = [
+        ({"kind": "files"}, r"ingest.sources.x.path: required key is missing"),
+        ({"path": "a/*.txt"}, r"ingest.sources.x.path='a/\*.txt': 'a/\*.txt' is a pattern: give the folder"),
+        ({"path": "../corpus"}, r"'../corpus' leaves the project: give a folder outside it as an absolute"),
+        ({"path": "a", "include": ["/abs/*.txt"]}, r"item 0, '/abs/\*.txt', must be a pattern relative"),
+        ({"kind": "glue", "path": "data/glue", "split": "dev"}, r"a 'glue' source reads the train splits"),
+        ({"path": "a.txt", "tasks": ["sst2"]}, r"sources.x: 'tasks' is for 'glue' sources, not 'files'"),
+        ({"kind": "disk", "path": "d", "include": ["*.txt"]}, r"'include' is for 'files' sources"),
+    ]
+    for source, message in cases:
+        raw = copy.deepcopy(DEFAULT_PARAMS)
+        raw["ingest"]["sources"] = {"x": source}
+        with pytest.raises(StageError, match=message):
+            parse_params(raw)
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["ingest"]["sources"] = {"a b": {"path": "a.txt"}}
+    with pytest.raises(StageError, match=r"ingest.sources.a b.\[key\]"):
         parse_params(raw)
-    raw["ingest"]["sources"] = [{"kind": "glue", "path": "glue_data"}]
-    with pytest.raises(StageError, match=r"ingest.sources\[0\]: a 'glue' source reads the train splits"):
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["hub"] = {"c4": {"dataset": "allenai/c4", "revision": "main"}}
+    with pytest.raises(StageError, match=r"hub.c4.revision='main': String should match pattern"):
         parse_params(raw)
-    raw["ingest"]["sources"] = [{"path": "a.txt", "tasks": ["sst2"]}]
-    with pytest.raises(StageError, match=r"ingest.sources\[0\]: 'tasks' is for 'glue' sources, not 'files'"):
+    raw["hub"] = {"c4": {"dataset": "allenai/c4", "revision": "0" * 40, "max_documents": 10}}
+    with pytest.raises(StageError, match=r"hub.c4: 'max_documents' streams one split: give 'split'"):
         parse_params(raw)
-    raw["ingest"]["sources"] = [{"path": "a.txt"}, {"path": "b/a.txt"}]
-    with pytest.raises(StageError, match="source names must be unique; repeated: a"):
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["glue"]["source"] = "hub"
+    with pytest.raises(StageError, match=r"glue.source='hub': Input should be 'tsv' or 'disk'"):
         parse_params(raw)
 
 

@@ -79,7 +79,8 @@ def test_real_profile_runs_the_graph_as_one_experiment_with_verdicts(
     assert (project / "params.yaml").read_text() == default_params
     params = yaml.safe_load(dvc.api.read("params.yaml", repo=str(project), rev="real-ci"))
     assert params["glue"]["path"] == str(glue_dir.resolve()) and params["glue"]["synthetic"] is False
-    assert params["ingest"]["sources"][0]["path"] == str(corpus_dir.resolve())
+    assert list(params["ingest"]["sources"]) == ["corpus"]  # the profile's source replaces the sample
+    assert params["ingest"]["sources"]["corpus"]["path"] == str(corpus_dir.resolve())
     shown = {row["Experiment"]: row for row in dvc.api.exp_show(repo=str(project)) if row["Experiment"]}
     assert shown["real-ci"]["pretrain.precision"] == "bf16-mixed"
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import unicodedata
 
-import pyarrow.parquet as pq
 import pytest
 import sentencepiece as spm
 
 from stages.common import StageError
 from stages.tokenizer import SPECIAL_IDS
-from tests.pipeline_helpers import prepared, run_stages
+from tests.pipeline_helpers import clean_texts, prepared, run_stages
 
 
 def processor(workdir) -> spm.SentencePieceProcessor:
@@ -66,7 +65,7 @@ def test_vocab_too_large_for_corpus_says_what_it_supports(sample_pipeline) -> No
 
 def test_round_trip_on_real_documents(real_pipeline) -> None:
     sp = processor(real_pipeline)
-    docs = pq.read_table(real_pipeline.path / "data/clean/documents.parquet").column("text").to_pylist()
+    docs = clean_texts(real_pipeline.path)
     assert len(docs) > 500
     for doc in docs:
         # nmt_nfkc: NFKC and whitespace runs (newlines included) become one space

@@ -1,0 +1,74 @@
+"""Stage `hub@<name>`: the Hugging Face Hub dataset `hub.<name>`, pinned to a commit, ->
+`data/hub/<name>` (a `save_to_disk` folder) and `metrics/hub/<name>.json` (what was read, its rows
+and fingerprint).
+
+The revision is a commit sha, a param of the stage: the same params always mean the same data, so
+DVC's cache and run cache stay correct for a source that lives outside the machine. `ingest` reads
+the folder as a `disk` source; `glue_prepare` reads a folder of them (one per task) as `disk`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from stages.common import StageError, atomic_dir, log, run_main, write_json
+from stages.layout import hub_dir, hub_metrics
+from stages.params import HubParams, load_params
+from stages.tracking import stage_run
+
+
+def load(cfg: HubParams, key: str) -> Any:
+    """The pinned dataset: a DatasetDict of every split, or the one `split` as a Dataset."""
+    import datasets  # slow to import; only this stage and some sources need it
+
+    where = f"{key} (Hub dataset '{cfg.dataset}' at {cfg.revision[:12]})"
+    try:
+        data = datasets.load_dataset(
+            cfg.dataset,
+            cfg.config,
+            split=cfg.split,
+            revision=cfg.revision,
+            data_files=cfg.data_files,
+            streaming=cfg.max_documents is not None,
+        )
+    except Exception as exc:  # datasets raises many types: offline, unknown dataset, config or revision
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StageError(f"{where}: cannot load: {first_line}") from None
+    if cfg.max_documents is not None:  # a streamed split: its first rows only
+        rows = list(data.take(cfg.max_documents))
+        if not rows:
+            raise StageError(f"{where}: split '{cfg.split}' has no rows")
+        data = datasets.Dataset.from_list(rows)
+    return data
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    params = load_params()
+    if len(args) != 1 or args[0] not in params.hub:
+        known = ", ".join(params.hub) or "(none)"
+        raise StageError(f"usage: python -m stages.hub <name>; the Hub datasets (hub) are: {known}")
+    name = args[0]
+    cfg = params.hub[name]
+    tags = {"source": name}
+    with stage_run("hub", params.tracking.experiment, {"hub": {name: cfg.model_dump()}}, tags) as run:
+        data = load(cfg, f"hub.{name}")
+        splits = data if hasattr(data, "keys") else {cfg.split or "train": data}
+        with atomic_dir(hub_dir(name)) as tmp:
+            data.save_to_disk(str(tmp))
+        report = {
+            "dataset": cfg.dataset,
+            "config": cfg.config,
+            "revision": cfg.revision,
+            "rows": {split: part.num_rows for split, part in splits.items()},
+            "fingerprint": {split: part._fingerprint for split, part in splits.items()},
+        }
+        write_json(hub_metrics(name), report)
+        run.log_metrics({"rows": report["rows"]})
+        log.info("hub %s: %s at %s, rows %s", name, cfg.dataset, cfg.revision[:12], report["rows"])
+
+
+if __name__ == "__main__":
+    run_main(main)

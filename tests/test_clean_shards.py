@@ -1,0 +1,104 @@
+"""`clean` at scale: shards on every core, on a real Dask cluster (2 workers on 127.0.0.1) and after a
+SIGKILL at most of the way give the same bytes as one process from the start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stages import clean
+from stages.layout import CLEAN_WORK
+from stages.synthetic import corpus
+from tests.conftest import ROOT, Workdir
+
+SHARD_ROWS = 40
+
+
+def outputs(workdir: Workdir) -> dict[str, bytes]:
+    """Every file clean writes, by path: its documents and its metrics."""
+    files = sorted((workdir.path / "data/clean").iterdir()) + [workdir.path / "metrics/clean.json"]
+    return {str(path.relative_to(workdir.path)): path.read_bytes() for path in files}
+
+
+@pytest.fixture
+def sharded(workdir: Workdir) -> Workdir:
+    """A source of 1,200 synthetic documents and their planted duplicates, in shards of 40."""
+    docs = corpus(11, 1200, 500, 5, 14)
+    raw = workdir.path / "data/raw/synthetic"
+    raw.mkdir(parents=True)
+    ids = [f"d#{i}" for i in range(len(docs))]
+    table = pa.table({"id": ids, "source": ["synthetic"] * len(docs), "text": docs})
+    pq.write_table(table, raw / "part-00000.parquet", row_group_size=SHARD_ROWS)
+    (raw / "manifest.json").write_text(json.dumps({"name": "synthetic", "synthetic": True}))
+    workdir.sources(synthetic={"path": "unused"})
+    return workdir
+
+
+@pytest.fixture
+def reference(sharded: Workdir) -> dict[str, bytes]:
+    sharded.set("clean.workers", 1)
+    clean.main()
+    report = json.loads((sharded.path / "metrics/clean.json").read_text())
+    assert report["dropped"]["exact_duplicate"] > 0 and report["dropped"]["near_duplicate"] > 0
+    assert len(list((sharded.path / "data/clean").glob("part-*.parquet"))) > 1200 // SHARD_ROWS
+    assert not (sharded.path / CLEAN_WORK).exists()  # the work folder goes once the outputs are in place
+    return outputs(sharded)
+
+
+def test_every_core_gives_the_bytes_of_one_process(sharded: Workdir, reference: dict[str, bytes]) -> None:
+    sharded.set("clean.workers", 2)
+    clean.main()
+    assert outputs(sharded) == reference
+
+
+def test_a_local_dask_cluster_gives_the_same_bytes(sharded: Workdir, reference: dict[str, bytes]) -> None:
+    from distributed import LocalCluster
+
+    env = {"PYTHONPATH": str(ROOT)}  # the workers import the stage's functions from the project
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None, env=env
+    ) as cluster:
+        sharded.set("cluster.scheduler", cluster.scheduler_address)
+        clean.main()
+    assert outputs(sharded) == reference
+
+
+def test_a_killed_run_resumes_from_its_finished_shards(sharded: Workdir, reference: dict[str, bytes]) -> None:
+    metrics = reference["metrics/clean.json"]
+    (sharded.path / "metrics/clean.json").write_text("{}")  # to tell a rewrite from the reference
+    reference = {**reference, "metrics/clean.json": b"{}"}
+    sharded.set("clean.workers", 1)
+    judged = sharded.path / CLEAN_WORK / "judged"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "stages.clean"]
+    process = subprocess.Popen(command, cwd=sharded.path, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if judged.is_dir() and len([p for p in judged.iterdir() if not p.name.startswith(".")]) >= 20:
+            break
+        time.sleep(0.01)
+    assert process.poll() is None, "clean finished before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert outputs(sharded) == reference  # the previous outputs, untouched by the killed run
+
+    resumed = subprocess.run(command, cwd=sharded.path, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    done = int(resumed.stderr.split("resuming: ")[1].split(" of ")[0])
+    assert 20 <= done < len(list((sharded.path / "data/clean").glob("part-*.parquet")))
+    assert outputs(sharded) == {**reference, "metrics/clean.json": metrics}
+
+
+def test_changed_params_start_the_work_over(sharded: Workdir, reference: dict[str, bytes]) -> None:
+    (sharded.path / CLEAN_WORK / "judged/000000").mkdir(parents=True)  # another run's leftovers
+    (sharded.path / CLEAN_WORK / "FINGERPRINT").write_text("another run")
+    clean.main()
+    assert outputs(sharded) == reference

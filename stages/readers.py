@@ -1,11 +1,14 @@
-"""Readers that turn source files into document texts.
+"""Readers that turn source files into document texts, streaming: memory stays within a few blocks
+whatever the file's size (a 5 GB file without one newline becomes bounded documents as it is read).
 
 Every reader yields plain `str` documents and counts what it could not use in `counts` (a Counter).
 Bad input that cannot be skipped by policy raises `StageError` naming the file, line or column.
+A JSON array (`.json`) is the one format read whole: it is one value; use jsonl for large files.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import io
@@ -15,7 +18,9 @@ import sys
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,6 +38,7 @@ TEXT_SUFFIXES = {
     ".csv": "csv",
 }
 _BLANK_LINES = re.compile(r"\n[ \t]*\n")
+_NEWLINE = re.compile("\n")
 _LONE_SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, kept by surrogateescape
 _WARN_LIMIT = 5
 
@@ -46,16 +52,27 @@ def detect_format(path: Path, declared: str) -> str:
     return TEXT_SUFFIXES.get(suffixes[-1].lower() if suffixes else "", "txt")
 
 
-def read_bytes(path: Path) -> bytes:
-    raw = path.read_bytes()
-    if path.suffix != ".gz":
-        return raw
+BLOCK = 4 << 20  # bytes read at a time
+SNIFF = 64 << 10  # the start of a file that decides whether it is empty or binary
+
+
+@contextmanager
+def open_binary(path: Path) -> Iterator[BinaryIO]:
+    """The file's bytes as a stream (decompressed for .gz); gzip errors as one line naming the file."""
     try:
-        return gzip.decompress(raw)
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as handle:
+            yield handle
     except EOFError:
         raise StageError(f"{path}: truncated gzip file (it ends before the end-of-stream marker)") from None
     except (gzip.BadGzipFile, zlib.error) as exc:
         raise StageError(f"{path}: not a valid gzip file ({exc})") from None
+
+
+def blocks(handle: BinaryIO, first: bytes) -> Iterator[bytes]:
+    if first:
+        yield first
+    while block := handle.read(BLOCK):
+        yield block
 
 
 class TextDecoder:
@@ -65,19 +82,42 @@ class TextDecoder:
         self.policy = policy
         self.counts = counts
 
-    def decode(self, data: bytes, path: Path) -> tuple[str, bool]:
-        """Text of the file (BOM stripped) and whether it holds invalid bytes to resolve per document."""
-        try:
-            text, dirty = data.decode("utf-8"), False
-        except UnicodeDecodeError as exc:
-            if self.policy == "fail":
-                line = data.count(b"\n", 0, exc.start) + 1
+    def decode(self, chunks: Iterator[bytes], path: Path) -> Iterator[str]:
+        """The text of the file's byte blocks (BOM and CRs removed), block by block; undecodable bytes
+        are kept as lone surrogates for `resolve`, or fail the stage under the 'fail' policy."""
+        errors = "strict" if self.policy == "fail" else "surrogateescape"
+        pending, offset, lines, first, carry_cr = b"", 0, 0, True, False
+        for chunk in _with_end(chunks):
+            data, final = pending + (chunk or b""), chunk is None
+            try:
+                text, used = codecs.utf_8_decode(data, errors, final)
+            except UnicodeDecodeError as exc:
+                line, at = lines + data.count(b"\n", 0, exc.start) + 1, offset + exc.start
                 raise StageError(
-                    f"{path}:{line}: invalid UTF-8 byte 0x{data[exc.start]:02x} at offset {exc.start} "
+                    f"{path}:{line}: invalid UTF-8 byte 0x{data[exc.start]:02x} at offset {at} "
                     "(ingest.encoding_errors=fail; 'replace' or 'skip' would go on)"
                 ) from None
-            text, dirty = data.decode("utf-8", errors="surrogateescape"), True
-        return text.removeprefix("\ufeff"), dirty
+            lines += data.count(b"\n", 0, used)
+            offset += used
+            pending = data[used:]
+            if first:
+                text, first = text.removeprefix("\ufeff"), False
+            if carry_cr:
+                text = "\r" + text
+            carry_cr = text.endswith("\r") and not final  # a CRLF split between two blocks
+            if carry_cr:
+                text = text[:-1]
+            yield text.replace("\r\n", "\n").replace("\r", "\n")
+
+    def line(self, raw: bytes, where: str) -> str:
+        """One record's bytes (a jsonl line) under the policy: lone surrogates for `resolve`."""
+        try:
+            return raw.decode("utf-8", "strict" if self.policy == "fail" else "surrogateescape")
+        except UnicodeDecodeError as exc:
+            raise StageError(
+                f"{where}: invalid UTF-8 byte 0x{raw[exc.start]:02x} "
+                "(ingest.encoding_errors=fail; 'replace' or 'skip' would go on)"
+            ) from None
 
     def resolve(self, doc: str) -> str | None:
         """Apply the policy to one document that may hold undecodable bytes."""
@@ -89,6 +129,11 @@ class TextDecoder:
             return None
         self.counts["invalid_utf8_bytes_replaced"] += bad
         return _LONE_SURROGATE.sub("\ufffd", doc)
+
+
+def _with_end(chunks: Iterator[bytes]) -> Iterator[bytes | None]:
+    yield from chunks
+    yield None
 
 
 def split_long(doc: str, max_chars: int) -> Iterator[str]:
@@ -107,18 +152,36 @@ def split_long(doc: str, max_chars: int) -> Iterator[str]:
         yield piece
 
 
-def split_text(text: str, split_by: str, max_chars: int) -> Iterator[str]:
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if split_by == "file":
-        parts: list[str] = [text]
-    elif split_by == "lines":
-        parts = text.split("\n")
-    else:
-        parts = _BLANK_LINES.split(text)
+def split_text(texts: Iterator[str], split_by: str, max_chars: int) -> Iterator[str]:
+    """Documents of a text that arrives in pieces: the parts between separators (blank lines, lines;
+    none for `file`), each cut to `max_chars` at whitespace as `split_long` cuts it; `chunks` packs
+    paragraphs up to `max_chars`. Only an unfinished part of under two documents is held in memory."""
     if split_by == "chunks":
-        parts = list(join_paragraphs(parts, max_chars))
+        parts = join_paragraphs(_parts(texts, _BLANK_LINES, max_chars), max_chars)
+    else:
+        separator = {"paragraphs": _BLANK_LINES, "lines": _NEWLINE, "file": None}[split_by]
+        parts = _parts(texts, separator, max_chars)
     for part in parts:
         yield from split_long(part, max_chars)
+
+
+def _parts(texts: Iterator[str], separator: re.Pattern[str] | None, max_chars: int) -> Iterator[str]:
+    buffer = ""
+    for text in texts:
+        buffer += text
+        if separator is not None:
+            pieces = separator.split(buffer)
+            buffer = pieces.pop()  # it may go on in the next piece of text
+            yield from pieces
+        # a part with no separator in sight: the cuts `split_long` makes while more than `max_chars`
+        # remain are decided already, so emit those pieces (a 5 GB line streams as documents)
+        while len(buffer) > 2 * max_chars:
+            window = (max_chars // 2, max_chars)
+            cut = max(buffer.rfind(" ", *window), buffer.rfind("\n", *window))
+            end = cut if cut > 0 else max_chars
+            yield buffer[:end]
+            buffer = buffer[end:]
+    yield buffer
 
 
 def join_paragraphs(paragraphs: list[str], max_chars: int, separator: str = "\n\n") -> Iterator[str]:
@@ -165,31 +228,42 @@ class FileReader:
         self.max_chars = max_chars
 
     def read(self, path: Path, fmt: str) -> Iterator[str]:
-        data = read_bytes(path)
-        if not data.strip():
-            self.counts["empty_files"] += 1
-            log.warning("%s: empty file, skipped", path)
+        if fmt == "parquet" and path.suffix != ".gz":
+            if path.stat().st_size == 0:
+                yield from self._empty(path)
+                return
+            yield from self._parquet(path, pq.ParquetFile(path))
             return
-        if fmt == "parquet":
-            yield from self._parquet(path, data)
-            return
-        if b"\x00" in data:
-            self.counts["binary_files_skipped"] += 1
-            log.warning("%s: binary file (NUL bytes), skipped", path)
-            return
-        text, dirty = self.decoder.decode(data, path)
-        if fmt == "txt":
-            docs: Iterator[str] = split_text(text, self.split_by, self.max_chars)
-        elif fmt == "jsonl":
-            docs, dirty = self._jsonl(path, text), True
-        elif fmt == "json":
-            docs, dirty = self._json(path, text), True
-        else:
-            docs = self._csv(path, text)
-        for doc in docs:
-            resolved = self.decoder.resolve(doc) if dirty else doc
-            if resolved is not None:
-                yield resolved
+        with open_binary(path) as handle:
+            first = handle.read(SNIFF)
+            if not first.strip() and len(first) < SNIFF:
+                yield from self._empty(path)
+                return
+            if fmt == "parquet":  # a compressed parquet file: its footer is at the end, so read it whole
+                yield from self._parquet(path, pq.ParquetFile(pa.BufferReader(first + handle.read())))
+                return
+            if b"\x00" in first:
+                self.counts["binary_files_skipped"] += 1
+                log.warning("%s: binary file (NUL bytes), skipped", path)
+                return
+            if fmt == "txt":
+                texts = self.decoder.decode(blocks(handle, first), path)
+                docs = split_text(texts, self.split_by, self.max_chars)
+            elif fmt == "jsonl":
+                docs = self._jsonl(path, first, handle)
+            elif fmt == "json":
+                docs = self._json(path, "".join(self.decoder.decode(blocks(handle, first), path)))
+            else:
+                docs = self._csv(path, self.decoder.decode(blocks(handle, first), path))
+            for doc in docs:
+                resolved = self.decoder.resolve(doc)
+                if resolved is not None:
+                    yield resolved
+
+    def _empty(self, path: Path) -> Iterator[str]:
+        self.counts["empty_files"] += 1
+        log.warning("%s: empty file, skipped", path)
+        yield from ()
 
     def _malformed(self, where: str, why: str) -> None:
         if self.on_malformed == "fail":
@@ -220,18 +294,21 @@ class FileReader:
         # a record is one document; only over-long ones are cut
         yield from split_long(text.replace("\r\n", "\n"), self.max_chars)
 
-    def _jsonl(self, path: Path, text: str) -> Iterator[str]:
-        first = True
-        for lineno, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
+    def _jsonl(self, path: Path, first: bytes, handle: BinaryIO) -> Iterator[str]:
+        start = True
+        lines = io.BufferedReader(_Prepended(first, handle))
+        for lineno, raw in enumerate(lines, start=1):
+            if not raw.strip():
                 continue
+            raw = (raw.removeprefix(b"\xef\xbb\xbf") if lineno == 1 else raw).rstrip(b"\r\n")
+            line = self.decoder.line(raw, f"{path}:{lineno}")
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 self._malformed(f"{path}:{lineno}", f"malformed JSON line ({exc.msg}, column {exc.colno})")
                 continue
-            value = self._record_text(record, f"{path}:{lineno}", path, first)
-            first = False
+            value = self._record_text(record, f"{path}:{lineno}", path, start)
+            start = False
             if value is not None:
                 yield from self._documents(value)
 
@@ -247,8 +324,8 @@ class FileReader:
             if value is not None:
                 yield from self._documents(value)
 
-    def _csv(self, path: Path, text: str) -> Iterator[str]:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
+    def _csv(self, path: Path, texts: Iterator[str]) -> Iterator[str]:
+        reader = csv.DictReader(_lines(texts))
         if self.text_column not in (reader.fieldnames or []):
             raise _missing_column(path, self.text_column, list(reader.fieldnames or []), self.column_key)
         for row in reader:
@@ -260,11 +337,7 @@ class FileReader:
                 continue
             yield from self._documents(value)
 
-    def _parquet(self, path: Path, data: bytes) -> Iterator[str]:
-        try:
-            table_file = pq.ParquetFile(pa.BufferReader(data))
-        except (pa.ArrowException, OSError) as exc:
-            raise StageError(f"{path}: not a readable parquet file ({exc})") from None
+    def _parquet(self, path: Path, table_file: pq.ParquetFile) -> Iterator[str]:
         columns = table_file.schema_arrow.names
         if self.text_column not in columns:
             raise _missing_column(path, self.text_column, columns, self.column_key)
@@ -277,3 +350,34 @@ class FileReader:
                     self.counts["null_texts_skipped"] += 1
                 else:
                     yield from self._documents(value)
+
+
+class _Prepended(io.RawIOBase):
+    """A binary stream whose first bytes were read already (to sniff the file)."""
+
+    def __init__(self, first: bytes, rest: BinaryIO) -> None:
+        self.first, self.rest = first, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:
+        if self.first:
+            n = min(len(buffer), len(self.first))
+            buffer[:n], self.first = self.first[:n], self.first[n:]
+            return n
+        data = self.rest.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _lines(texts: Iterator[str]) -> Iterator[str]:
+    """Lines (with their newline) of a text that arrives in pieces, for csv."""
+    buffer = ""
+    for text in texts:
+        buffer += text
+        *complete, buffer = buffer.split("\n")
+        for line in complete:
+            yield line + "\n"
+    if buffer:
+        yield buffer

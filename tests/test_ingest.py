@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -282,3 +283,59 @@ def test_real_corpus(workdir, corpus_dir: Path) -> None:
     assert all(0 < len(t) <= 8000 for t in texts)
     assert not any("\r" in t or "\ufeff" in t for t in texts)  # Pride and Prejudice has BOM + CRLF
     assert any("Elizabeth" in t for t in texts) and any("Pierre" in t for t in texts)
+
+
+def test_a_file_without_newlines_streams_in_bounded_memory(workdir) -> None:
+    """200 MB in one line: read whole, it would hold the bytes and the text at once (~400 MB more)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    with (workdir.path / "one.txt").open("w") as handle:
+        for _ in range(200):
+            handle.write(("lorem ipsa dolor sit amet consectetur " * 30_000)[: 1024 * 1024])
+    workdir.sources(src={"path": "one.txt", "max_doc_chars": 100_000})
+    # the stage's own high-water mark (VmHWM starts anew at exec; ru_maxrss would count the fork)
+    code = (
+        "import atexit, runpy, sys; atexit.register(lambda: print(next(line for line in "
+        "open('/proc/self/status') if line.startswith('VmHWM')), file=sys.stderr)); "
+        "sys.argv = ['stages.ingest', 'src']; runpy.run_module('stages.ingest', run_name='__main__')"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", code]
+    result = subprocess.run(command, cwd=workdir.path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    peak_mb = int(result.stderr.split("VmHWM:")[1].split()[0]) / 1024
+    assert metrics(workdir)["documents"] == pytest.approx(200 * 1024 * 1024 / 100_000, rel=0.02)
+    assert peak_mb < 500, f"ingest peaked at {peak_mb:.0f} MB"
+
+
+@pytest.mark.parametrize("split_by", ["paragraphs", "lines", "file", "chunks"])
+def test_streamed_text_gives_the_documents_of_the_whole_text(split_by: str) -> None:
+    import random
+
+    from stages.readers import split_long, split_text
+
+    rng = random.Random(split_by)
+    words = ["harbour", "ship", "a", "the", "lantern", "x" * 30]
+    for _ in range(30):
+        pieces = []
+        for _ in range(rng.randint(1, 40)):
+            # `chunks` packs whole paragraphs: one of over two documents is cut as it streams in
+            n = rng.choice([3, 20, 40]) if split_by == "chunks" else rng.choice([3, 40, 400, 3000])
+            pieces.append(" ".join(rng.choice(words) for _ in range(n)))
+            pieces.append(rng.choice(["\n", "\n\n", "\n \n", " "]))
+        text = "".join(pieces)
+        separators = {"paragraphs": r"\n[ \t]*\n", "lines": r"\n", "file": None, "chunks": r"\n[ \t]*\n"}
+        import re
+
+        parts = re.split(separators[split_by], text) if separators[split_by] else [text]
+        if split_by == "chunks":
+            from stages.readers import join_paragraphs
+
+            parts = list(join_paragraphs(parts, 1000))
+        whole = [doc for part in parts for doc in split_long(part, 1000)]
+        cuts = sorted(rng.sample(range(1, len(text)), min(20, len(text) - 1)))
+        streamed = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        assert list(split_text(iter(streamed), split_by, 1000)) == whole

@@ -34,8 +34,13 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
     return lsh.b, lsh.r
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a bijection of uint64 that spreads every input bit."""
+    with np.errstate(over="ignore"):
+        return _splitmix(x)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
     x = x ^ (x >> np.uint64(30))
     x = x * _MIX1
     x = x ^ (x >> np.uint64(27))
@@ -50,7 +55,7 @@ def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
         for band in range(bands):
             h = np.full(len(signatures), np.uint64(band) * _GOLDEN, dtype=np.uint64)
             for value in signatures[:, band * rows : (band + 1) * rows].T:
-                h = _mix(h ^ value.astype(np.uint64))
+                h = mix64(h ^ value.astype(np.uint64))
             out[band] = h
     return out
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+import zlib
 from collections import Counter
+from functools import cache
 
+import numpy as np
 from datasketch import LeanMinHash, MinHash
 
+from stages.dedup import mix64
 from stages.params import CleanParams
 
 # control and format characters (zero-width spaces, BOMs, bidi marks) except the newline
@@ -58,17 +62,36 @@ def _matched_chars(pattern: re.Pattern[str], text: str) -> int:
     return len(text) - len(pattern.sub("", text))
 
 
-def _duplicate_ngram_chars(ids: list[int], lengths: list[int], n: int) -> int:
+def _word_ids(words: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Each word's index in the document's vocabulary (in order of first use), and that vocabulary."""
+    index = {word: i for i, word in enumerate(dict.fromkeys(words))}
+    return np.fromiter(map(index.__getitem__, words), np.intp, len(words)), list(index)
+
+
+def _gram_keys(ids: np.ndarray, n: int) -> np.ndarray:
+    """A 64-bit key of every n-gram of `ids` (collisions: ~n_grams² / 2⁶⁴, none in practice)."""
+    count = len(ids) - n + 1
+    keys = np.zeros(count, dtype=np.uint64)
+    for k in range(n):
+        keys = mix64(keys ^ ids[k : k + count])
+    return keys
+
+
+def _top_ngram_chars(keys: np.ndarray, lengths: np.ndarray, n: int) -> tuple[int, int]:
+    """(count, characters) of the most frequent n-gram; on a tie the one seen first (Counter's order)."""
+    _, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    top = first[counts == counts.max()].min()
+    return int(counts.max()), int(lengths[top : top + n].sum())
+
+
+def _duplicate_ngram_chars(keys: np.ndarray, lengths: np.ndarray, n: int) -> int:
     """Characters of words inside an n-gram seen earlier in the document (first occurrence free)."""
-    seen: set[tuple[int, ...]] = set()
-    marked = bytearray(len(ids))
-    for i in range(len(ids) - n + 1):
-        gram = tuple(ids[i : i + n])
-        if gram in seen:
-            marked[i : i + n] = b"\x01" * n
-        else:
-            seen.add(gram)
-    return sum(length for length, m in zip(lengths, marked, strict=True) if m)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    starts = np.flatnonzero(first[inverse] != np.arange(len(keys)))
+    cover = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.add.at(cover, starts, 1)
+    np.add.at(cover, starts + n, -1)
+    return int(lengths[np.cumsum(cover[:-1]) > 0].sum())
 
 
 def failed_rule(text: str, cfg: CleanParams) -> str | None:
@@ -100,22 +123,20 @@ def failed_rule(text: str, cfg: CleanParams) -> str | None:
             return "duplicate_lines"
         if sum(r * size for r, size in repeats) > cfg.max_duplicate_line_char_fraction * n_chars:
             return "duplicate_line_chars"
-    lowered = [w.lower() for w in words]
-    vocab: dict[str, int] = {}
-    ids = [vocab.setdefault(w, len(vocab)) for w in lowered]
-    lengths = list(map(len, lowered))
-    id_lengths = list(map(len, vocab))
+    ids, vocab = _word_ids(text.lower().split())
+    lengths = np.fromiter(map(len, vocab), np.int64, len(vocab))[ids]
+    ids = ids.astype(np.uint64)
     for n, limit in sorted(cfg.max_top_ngram_char_fraction.items()):
         if len(ids) < n:
             continue
-        gram, count = Counter(zip(*(ids[i:] for i in range(n)), strict=False)).most_common(1)[0]
-        if count > 1:
-            gram_chars = sum(id_lengths[g] for g in gram)
-            if count * gram_chars > limit * word_chars:
-                return "top_ngram"
+        count, gram_chars = _top_ngram_chars(_gram_keys(ids, n), lengths, n)
+        if count > 1 and count * gram_chars > limit * word_chars:
+            return "top_ngram"
     limits = sorted(cfg.max_duplicate_ngram_char_fraction.items())
     for index, (n, limit) in enumerate(limits):
-        duplicated = _duplicate_ngram_chars(ids, lengths, n)
+        if len(ids) < n:
+            break
+        duplicated = _duplicate_ngram_chars(_gram_keys(ids, n), lengths, n)
         if duplicated > limit * word_chars:
             return "duplicate_ngrams"
         # larger n-grams repeat only inside smaller repeated ones: stop once under every later limit
@@ -132,14 +153,31 @@ def exact_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
-def shingles(text: str, n: int) -> set[bytes]:
+@cache
+def _template(num_perm: int, seed: int) -> MinHash:
+    """A MinHash's permutations and scheme, drawn once per process rather than per document."""
+    return MinHash(num_perm=num_perm, seed=seed)
+
+
+def shingle_hashes(text: str, n: int) -> np.ndarray:
+    """32-bit hashes of the distinct n-word shingles of the lowercased text (all its words if fewer):
+    each word hashed once (CRC-32), each shingle a mix of its words' hashes, in numpy."""
     words = text.lower().split()
-    if len(words) <= n:
-        return {" ".join(words).encode("utf-8")}
-    return {" ".join(words[i : i + n]).encode("utf-8") for i in range(len(words) - n + 1)}
+    ids, vocab = _word_ids(words)
+    word_hashes = np.fromiter((zlib.crc32(w.encode("utf-8")) for w in vocab), np.uint64, len(vocab))[ids]
+    keys = _gram_keys(word_hashes, min(n, len(words))) if words else np.zeros(1, np.uint64)
+    return np.unique(keys >> np.uint64(32))
 
 
 def minhash_signature(text: str, cfg: CleanParams, seed: int) -> LeanMinHash:
-    sig = MinHash(num_perm=cfg.near_dedup.num_perm, seed=seed)
-    sig.update_batch(list(shingles(text, cfg.near_dedup.shingle_words)))
+    """datasketch's MinHash of the text's shingles, fed their hashes (its hash function is the identity)."""
+    template = _template(cfg.near_dedup.num_perm, seed)
+    sig = MinHash(
+        num_perm=template.hashvalues.size,
+        seed=seed,
+        hashfunc=int,
+        permutations=template.permutations,
+        scheme=template.scheme,
+    )
+    sig.update_batch(shingle_hashes(text, cfg.near_dedup.shingle_words).tolist())
     return LeanMinHash(sig)

@@ -137,3 +137,35 @@ def test_real_corpus(workdir, corpus_dir) -> None:
     texts = kept(workdir)
     assert all(t == normalize(t) and len(t) >= CFG.min_chars for t in texts)
     assert len(set(texts)) == len(texts)
+
+
+def _reference_ngram_rule(text: str, cfg: CleanParams) -> str | None:
+    """Gopher's two n-gram rules written plainly (tuples, a Counter, a set), as a check on the numpy ones."""
+    from collections import Counter
+
+    words = [w.lower() for w in text.split()]
+    word_chars = sum(map(len, words))
+    for n, limit in sorted(cfg.max_top_ngram_char_fraction.items()):
+        if len(words) >= n:
+            gram, count = Counter(zip(*(words[i:] for i in range(n)), strict=False)).most_common(1)[0]
+            if count > 1 and count * sum(map(len, gram)) > limit * word_chars:
+                return "top_ngram"
+    for n, limit in sorted(cfg.max_duplicate_ngram_char_fraction.items()):
+        seen, marked = set(), [False] * len(words)
+        for i in range(len(words) - n + 1):
+            gram = tuple(words[i : i + n])
+            if gram in seen:
+                marked[i : i + n] = [True] * n
+            seen.add(gram)
+        if sum(len(w) for w, m in zip(words, marked, strict=True) if m) > limit * word_chars:
+            return "duplicate_ngrams"
+    return None
+
+
+def test_the_ngram_rules_agree_with_their_plain_definition() -> None:
+    rng = random.Random(5)
+    cfg = CleanParams(min_chars=0, min_words=0, min_alpha_ratio=0.0, max_symbol_ratio=1.0, bad_phrases=[])
+    for _ in range(300):
+        base = " ".join(rng.choice(WORDS[: rng.randint(2, 12)]) for _ in range(rng.randint(5, 200)))
+        text = normalize(base + (" " + base[: rng.randint(0, len(base))]) * rng.randint(0, 3))
+        assert failed_rule(text, cfg) == _reference_ngram_rule(text, cfg)  # no other rule can fire here

@@ -2,11 +2,14 @@
 real English sentences (no near-duplicates), each stage a real `python -m stages.<name>` process.
 
     CORPUS_DIR=../shared/data/corpus python bench/data_scale.py --sizes-mb 100 1000 4000 [--work DIR]
+    CORPUS_DIR=../shared/data/corpus python bench/data_scale.py --sizes-mb 100 --cluster
 
 For every size and stage: wall time, MB/s per core (of the corpus's text) and the peak RSS of the stage's
 process tree (the stage and its workers, sampled every 0.1 s); then, per stage, the growth exponents
-a and b of time ∝ size^a and RSS ∝ size^b (least squares on the logs). One JSON line per measure. Not a
-test: nothing here asserts a time.
+a and b of time ∝ size^a and RSS ∝ size^b (least squares on the logs). With --cluster, `clean` of the
+first size once more in one process and on a local Dask cluster of 2 workers (127.0.0.1): the
+speed-up and whether the outputs are the same bytes. One JSON line per measure. Not a test: nothing
+here asserts a time.
 """
 
 from __future__ import annotations
@@ -94,9 +97,38 @@ def run_stage(project: Path, stage: str, *args: str) -> tuple[float, float]:
     return seconds, peak
 
 
+def clean_outputs(project: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((project / "data/clean").iterdir())}
+
+
+def compare_cluster(project: Path) -> None:
+    from distributed import LocalCluster
+
+    params_file = project / "params.yaml"
+    params = yaml.safe_load(params_file.read_text())
+    params["clean"]["workers"] = 1
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    one_seconds, _ = run_stage(project, "clean")
+    one = clean_outputs(project)
+    workers = {"n_workers": 2, "threads_per_worker": 1, "env": {"PYTHONPATH": str(ROOT)}}
+    with LocalCluster(host="127.0.0.1", dashboard_address=None, **workers) as cluster:
+        params["cluster"]["scheduler"] = cluster.scheduler_address
+        params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+        cluster_seconds, _ = run_stage(project, "clean")
+    row = {
+        "measure": "clean_dask_cluster",
+        "one_process_seconds": round(one_seconds, 1),
+        "two_workers_seconds": round(cluster_seconds, 1),
+        "speedup": round(one_seconds / cluster_seconds, 2),
+        "same_bytes": clean_outputs(project) == one,
+    }
+    print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000, 4000])
+    parser.add_argument("--cluster", action="store_true", help="clean: 1 process vs 2 Dask workers")
     parser.add_argument("--work", type=Path, help="for corpora and projects (default: a temporary one)")
     args = parser.parse_args()
     corpus = Path(os.environ.get("CORPUS_DIR", ROOT.parent / "shared/data/corpus"))
@@ -131,6 +163,8 @@ def main() -> None:
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
+    if args.cluster:
+        compare_cluster(work / f"project-{args.sizes_mb[0]}mb")
     if len(args.sizes_mb) > 1:
         for stage in STAGES:
             points = [r for r in rows if r["stage"] == stage]

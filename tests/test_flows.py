@@ -26,7 +26,7 @@ from tests.services import BIN, free_port, prefect, prefect_env, prefect_server,
 
 ALL_STAGES = {
     "sample",
-    "ingest",
+    "ingest@sample",
     "clean",
     "tokenizer",
     "pack",
@@ -67,7 +67,7 @@ def test_graph_is_dvcs_own(project: Path) -> None:
     }
     assert nodes["pretrain@encoder_mlm"].gpu and nodes["pretrain@encoder_mlm"].retries == 2
     assert not nodes["clean"].gpu and nodes["clean"].retries == 0
-    assert set(select(nodes, ["pack"])) == {"sample", "ingest", "clean", "tokenizer", "pack"}
+    assert set(select(nodes, ["pack"])) == {"sample", "ingest@sample", "clean", "tokenizer", "pack"}
     assert "pretrain@encoder_mlm" in select(nodes, ["pretrain"])  # a foreach group by its name
     with pytest.raises(PipelineError, match="target 'pretrian' is not a stage"):
         select(nodes, ["pretrian"])
@@ -179,7 +179,7 @@ def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -
         "finetune_scratch@encoder_mlm-stsb",
         "evaluate",
     }
-    assert set(summary.skipped) == {"sample", "ingest", "clean", "glue_prepare"}
+    assert set(summary.skipped) == {"sample", "ingest@sample", "clean", "glue_prepare"}
 
 
 def test_bad_flow_input_is_one_line(project: Path) -> None:

@@ -51,6 +51,7 @@ lint: setup
 bench: setup
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python bench/data_throughput.py
+	$(BIN)/python bench/data_scale.py --sizes-mb 100 1000 --cluster
 	$(BIN)/python bench/train_throughput.py
 	$(BIN)/python bench/pipeline_flow.py
 

@@ -218,7 +218,11 @@ def clean(
     tasks = [("exact", 0, p, parts) for p in range(parts)] if cfg.exact_dedup else []
     if cfg.near_dedup.enabled:
         tasks += [("band", b, p, parts) for b in range(bands) for p in range(parts)]
-    pair_files = list(shard_map(partial(pair_task, job, shards), tasks, workers, scheduler, "clean"))
+    # the sorts of a small corpus take less than starting worker processes: then they run here
+    spread = passed > dedup.PART_DOCS // 4
+    pair_workers, pair_scheduler = (workers, scheduler) if spread else (1, None)
+    pair_task_of_job = partial(pair_task, job, shards)
+    pair_files = list(shard_map(pair_task_of_job, tasks, pair_workers, pair_scheduler, "clean"))
     log.info("clean: duplicate pairs from %d sorts (%d bands, %d hash range(s))", len(tasks), bands, parts)
 
     work = Path(job.work)

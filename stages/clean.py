@@ -16,7 +16,6 @@ import hashlib
 import json
 import shutil
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,8 +26,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stages import dedup
-from stages.codedeps import ROOT, code_files
-from stages.common import Meter, StageError, atomic_dir, cpu_threads, log, read_json, run_main, write_json
+from stages.codedeps import code_digest
+from stages.common import (
+    Meter,
+    StageError,
+    atomic_dir,
+    atomic_file,
+    cpu_threads,
+    log,
+    read_json,
+    run_main,
+    write_json,
+)
 from stages.layout import CLEAN, CLEAN_METRICS, CLEAN_WORK, raw_dir
 from stages.parallel import shard_map
 from stages.params import CleanParams, load_params
@@ -75,19 +84,10 @@ def shards_of(files: list[Path]) -> list[Shard]:
     return shards
 
 
-def _write_whole(folder: Path, write: Callable[[Path], None]) -> None:
-    """`write(tmp)` fills a temporary sibling that becomes `folder` only when it is complete."""
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    tmp.rename(folder)
-
-
 def judge(job: Job, shard: Shard) -> dict[str, int]:
     """Phase 1: normalise, apply the rules, and key and sign the documents that pass."""
     folder = job.judged(shard)
-    if (folder / "counts.json").exists():  # finished by an earlier, interrupted run
+    if folder.exists():  # finished by an earlier, interrupted run (written whole or not at all)
         return json.loads((folder / "counts.json").read_text())
     table = pq.ParquetFile(shard.path).read_row_group(shard.row_group, columns=["id", "source", "text"])
     counts: Counter = Counter(documents_in=table.num_rows)
@@ -106,7 +106,7 @@ def judge(job: Job, shard: Shard) -> dict[str, int]:
         if job.cfg.near_dedup.enabled:
             signatures.append(minhash_signature(text, job.cfg, job.seed).hashvalues)
 
-    def write(tmp: Path) -> None:
+    with atomic_dir(folder) as tmp:
         frame = pd.DataFrame(kept_rows, columns=["id", "source", "text"])
         pq.write_table(pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False), tmp / "kept.parquet")
         np.save(tmp / "index.npy", np.array(index, dtype=np.int64))
@@ -114,8 +114,6 @@ def judge(job: Job, shard: Shard) -> dict[str, int]:
         if signatures:
             np.save(tmp / "bands.npy", dedup.band_hashes(np.stack(signatures), job.bands, job.band_rows))
         (tmp / "counts.json").write_text(json.dumps(dict(counts)))
-
-    _write_whole(folder, write)
     return dict(counts)
 
 
@@ -142,10 +140,8 @@ def pair_task(job: Job, shards: list[Shard], task: tuple[str, int, int, int]) ->
     pairs = (
         dedup.run_pairs(np.concatenate(keys), np.concatenate(index)) if keys else np.empty((2, 0), np.int64)
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.npy")
-    np.save(tmp, pairs)
-    tmp.rename(out)
+    with atomic_file(out, "wb") as handle:
+        np.save(handle, pairs)
     return str(out)
 
 
@@ -178,8 +174,7 @@ def fingerprint(job: Job, files: list[Path]) -> str:
     for path in files:
         stat = path.stat()
         digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    for name in code_files("stages.clean"):
-        digest.update((ROOT / name).read_bytes())
+    digest.update(code_digest("stages.clean").encode())
     return digest.hexdigest()
 
 

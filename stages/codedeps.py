@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import re
 import sys
 from functools import cache
@@ -82,6 +83,15 @@ def code_files(module: str) -> tuple[str, ...]:
                 todo.extend(imports(path, sources[path]))
     # an empty __init__.py runs nothing: it joins the closure once it has content
     return tuple(sorted(path.as_posix() for path, source in sources.items() if source.strip()))
+
+
+def code_digest(module: str) -> str:
+    """sha256 of the names and bytes of the files `python -m module` executes: a resumed run's
+    results must come from the same code (a fixed bug must not be resumed around)."""
+    digest = hashlib.sha256()
+    for source in code_files(module):
+        digest.update(source.encode() + b"\0" + (ROOT / source).read_bytes())
+    return digest.hexdigest()
 
 
 def stage_modules(dvc: dict) -> dict[str, str]:

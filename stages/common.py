@@ -59,13 +59,8 @@ class Meter:
         clock: Callable[[], float] = time.monotonic,
         terminal: bool | None = None,
     ) -> None:
-        self.desc, self.total_docs, self.total_bytes, self.every, self.clock = (
-            desc,
-            total_docs,
-            total_bytes,
-            every,
-            clock,
-        )
+        self.desc, self.every, self.clock = desc, every, clock
+        self.total_docs, self.total_bytes = total_docs, total_bytes
         self.docs = self.bytes = self.dropped = 0
         self.start = self.last = clock()
         terminal = sys.stderr.isatty() if terminal is None else terminal

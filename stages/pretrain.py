@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from stages.codedeps import ROOT, code_files
+from stages.codedeps import code_digest
 from stages.common import (
     StageError,
     atomic_dir,
@@ -56,8 +56,7 @@ def fingerprint(*parts: Any) -> str:
     """What a checkpoint must match to be resumed: everything that shapes the run's trajectory, the
     stage's code included (the files dvc.yaml declares: a fixed bug must not be resumed around)."""
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
-    for source in code_files("stages.pretrain"):
-        digest.update(source.encode() + b"\0" + (ROOT / source).read_bytes())
+    digest.update(code_digest("stages.pretrain").encode())
     return digest.hexdigest()
 
 

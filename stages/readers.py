@@ -68,13 +68,6 @@ def open_binary(path: Path) -> Iterator[BinaryIO]:
         raise StageError(f"{path}: not a valid gzip file ({exc})") from None
 
 
-def blocks(handle: BinaryIO, first: bytes) -> Iterator[bytes]:
-    if first:
-        yield first
-    while block := handle.read(BLOCK):
-        yield block
-
-
 class TextDecoder:
     """UTF-8 decoding under the `ingest.encoding_errors` policy, applied per document."""
 
@@ -230,14 +223,14 @@ class FileReader:
     def read(self, path: Path, fmt: str) -> Iterator[str]:
         if fmt == "parquet" and path.suffix != ".gz":
             if path.stat().st_size == 0:
-                yield from self._empty(path)
+                self._empty(path)
                 return
             yield from self._parquet(path, pq.ParquetFile(path))
             return
         with open_binary(path) as handle:
             first = handle.read(SNIFF)
             if not first.strip() and len(first) < SNIFF:
-                yield from self._empty(path)
+                self._empty(path)
                 return
             if fmt == "parquet":  # a compressed parquet file: its footer is at the end, so read it whole
                 yield from self._parquet(path, pq.ParquetFile(pa.BufferReader(first + handle.read())))
@@ -246,24 +239,25 @@ class FileReader:
                 self.counts["binary_files_skipped"] += 1
                 log.warning("%s: binary file (NUL bytes), skipped", path)
                 return
-            if fmt == "txt":
-                texts = self.decoder.decode(blocks(handle, first), path)
-                docs = split_text(texts, self.split_by, self.max_chars)
-            elif fmt == "jsonl":
-                docs = self._jsonl(path, first, handle)
-            elif fmt == "json":
-                docs = self._json(path, "".join(self.decoder.decode(blocks(handle, first), path)))
+            stream = io.BufferedReader(_Prepended(first, handle), BLOCK)  # the sniffed bytes first
+            if fmt == "jsonl":
+                docs = self._jsonl(path, stream)
             else:
-                docs = self._csv(path, self.decoder.decode(blocks(handle, first), path))
+                texts = self.decoder.decode(iter(lambda: stream.read(BLOCK), b""), path)
+                if fmt == "txt":
+                    docs = split_text(texts, self.split_by, self.max_chars)
+                elif fmt == "json":
+                    docs = self._json(path, "".join(texts))
+                else:
+                    docs = self._csv(path, texts)
             for doc in docs:
                 resolved = self.decoder.resolve(doc)
                 if resolved is not None:
                     yield resolved
 
-    def _empty(self, path: Path) -> Iterator[str]:
+    def _empty(self, path: Path) -> None:
         self.counts["empty_files"] += 1
         log.warning("%s: empty file, skipped", path)
-        yield from ()
 
     def _malformed(self, where: str, why: str) -> None:
         if self.on_malformed == "fail":
@@ -294,9 +288,8 @@ class FileReader:
         # a record is one document; only over-long ones are cut
         yield from split_long(text.replace("\r\n", "\n"), self.max_chars)
 
-    def _jsonl(self, path: Path, first: bytes, handle: BinaryIO) -> Iterator[str]:
+    def _jsonl(self, path: Path, lines: BinaryIO) -> Iterator[str]:
         start = True
-        lines = io.BufferedReader(_Prepended(first, handle))
         for lineno, raw in enumerate(lines, start=1):
             if not raw.strip():
                 continue

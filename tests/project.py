@@ -3,6 +3,7 @@ packages in a fresh git repo, and how to run commands in it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -77,6 +78,18 @@ def sh(cwd: Path, *args: str, check: bool = True, **env: str | None) -> subproce
     if check:
         assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
     return result
+
+
+def changed_deps(project: Path, *targets: str) -> dict[str, dict[str, str]]:
+    """Stage -> {dependency: how it changed} as `dvc status` reports it (of `targets` and what they
+    depend on, when given)."""
+    args = ["--with-deps", *targets] if targets else []
+    status = json.loads(sh(project, "dvc", "status", "--json", *args).stdout or "{}")
+    return {
+        stage: {path: how for change in changes if isinstance(change, dict)
+                for path, how in change.get("changed deps", {}).items()}
+        for stage, changes in status.items()
+    }
 
 
 def stages_run(output: str) -> list[str]:

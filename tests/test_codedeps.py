@@ -4,7 +4,6 @@ the ones stages.layout names."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import yaml
 
 from stages import layout
 from stages.codedeps import ROOT, code_files, disagreements, write
-from tests.project import sh, stages_run, tiny_project
+from tests.project import changed_deps, sh, stages_run, tiny_project
 
 DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 
@@ -96,13 +95,8 @@ def test_dvc_yaml_declares_the_outputs_that_stages_layout_names() -> None:
 
 def stale_stages(project: Path) -> set[str]:
     """The stages `dvc status` reports with a modified dependency (outputs are all in place)."""
-    status = json.loads(sh(project, "dvc", "status", "--json").stdout or "{}")
-    return {
-        stage.split(":")[-1]
-        for stage, changes in status.items()
-        for change in changes
-        if isinstance(change, dict) and "modified" in change.get("changed deps", {}).values()
-    }
+    stale = changed_deps(project)
+    return {stage.split(":")[-1] for stage, deps in stale.items() if "modified" in deps.values()}
 
 
 @pytest.fixture(scope="module")

@@ -11,22 +11,15 @@ from pathlib import Path
 import pytest
 
 from stages.synthetic import corpus, glue_files
-from tests.project import make_project, sh, stages_run
+from tests.project import changed_deps, make_project, sh, stages_run
 
 SOURCES = ["ingest@books", "ingest@wiki"]
 BOOKS = 120  # documents in the books folder as the fixture writes it
 
 
 def status(project: Path) -> dict[str, list[str]]:
-    """Stage -> what `dvc status` reports changed, for the data stages this module reproduces."""
-    out = sh(project, "dvc", "status", "--json", "--with-deps", "pack", "glue_prepare").stdout
-    raw = json.loads(out or "{}")
-    return {
-        stage: sorted(
-            path for change in changes if isinstance(change, dict) for path in change.get("changed deps", {})
-        )
-        for stage, changes in raw.items()
-    }
+    """Stage -> its changed dependencies, for the data stages this module reproduces."""
+    return {stage: sorted(deps) for stage, deps in changed_deps(project, "pack", "glue_prepare").items()}
 
 
 def repro(project: Path) -> list[str]:

@@ -41,7 +41,7 @@ from stages.common import (
 from stages.layout import CLEAN, CLEAN_METRICS, CLEAN_WORK, raw_dir
 from stages.parallel import shard_map
 from stages.params import CleanParams, load_params
-from stages.quality import RULES, exact_key, failed_rule, minhash_signature, normalize
+from stages.quality import RULES, Words, exact_key, failed_rule, minhash_signature, normalize
 from stages.schemas import DOCUMENTS, validate
 from stages.tracking import stage_run
 
@@ -96,7 +96,8 @@ def judge(job: Job, shard: Shard) -> dict[str, int]:
     for row, (doc_id, source, raw) in enumerate(zip(ids, sources, texts, strict=True)):
         counts["characters_in"] += len(raw)
         text = normalize(raw)
-        rule = failed_rule(text, job.cfg)
+        words = Words(text)
+        rule = failed_rule(text, job.cfg, words)
         if rule is not None:
             counts[f"dropped.{rule}"] += 1
             continue
@@ -104,7 +105,7 @@ def judge(job: Job, shard: Shard) -> dict[str, int]:
         index.append(shard.offset + row)
         keys.append(np.frombuffer(exact_key(text), dtype=np.uint64))
         if job.cfg.near_dedup.enabled:
-            signatures.append(minhash_signature(text, job.cfg, job.seed).hashvalues)
+            signatures.append(minhash_signature(words, job.cfg, job.seed).hashvalues)
 
     with atomic_dir(folder) as tmp:
         frame = pd.DataFrame(kept_rows, columns=["id", "source", "text"])
@@ -181,9 +182,7 @@ def fingerprint(job: Job, files: list[Path]) -> str:
 def prepare_work(job: Job, files: list[Path]) -> None:
     work = Path(job.work)
     stamp = fingerprint(job, files)
-    if work.exists() and (
-        not (work / "FINGERPRINT").exists() or (work / "FINGERPRINT").read_text() != stamp
-    ):
+    if work.exists() and (not (work / "FINGERPRINT").exists() or (work / "FINGERPRINT").read_text() != stamp):
         shutil.rmtree(work)  # another run's: other params, inputs or code
     work.mkdir(parents=True, exist_ok=True)
     (work / "FINGERPRINT").write_text(stamp)

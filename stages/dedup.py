@@ -41,11 +41,12 @@ def mix64(x: np.ndarray) -> np.ndarray:
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
-    x = x ^ (x >> np.uint64(30))
-    x = x * _MIX1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _MIX2
-    return x ^ (x >> np.uint64(31))
+    x = x ^ (x >> np.uint64(30))  # a new array: the rest is in place
+    x *= _MIX1
+    x ^= x >> np.uint64(27)
+    x *= _MIX2
+    x ^= x >> np.uint64(31)
+    return x
 
 
 def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 import unicodedata
 import zlib
 from collections import Counter
@@ -22,8 +23,6 @@ from stages.params import CleanParams
 _INVISIBLE = re.compile(
     r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff\ufff9-\ufffb]"
 )
-_SPACES = re.compile(r"[^\S\n]+")  # runs of whitespace other than newlines, including NBSP
-_SPACE_AROUND_NEWLINE = re.compile(r" ?\n ?")
 _MANY_NEWLINES = re.compile(r"\n{3,}")
 _LETTERS = re.compile(r"[^\W\d_]+")
 _DIGITS = re.compile(r"\d+")
@@ -53,49 +52,85 @@ def normalize(text: str) -> str:
     """NFC, no control or invisible characters, single spaces, at most one blank line in a row."""
     text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n").replace("\t", " "))
     text = _INVISIBLE.sub("", text)
-    text = _SPACES.sub(" ", text)
-    text = _SPACE_AROUND_NEWLINE.sub("\n", text)
-    return _MANY_NEWLINES.sub("\n\n", text).strip()
+    # str.split's whitespace is the regex's \s: each line's runs become one space, its ends none
+    text = "\n".join(" ".join(line.split()) for line in text.split("\n"))
+    if "\n\n\n" in text:
+        text = _MANY_NEWLINES.sub("\n\n", text)
+    return text.strip()
 
 
-def _matched_chars(pattern: re.Pattern[str], text: str) -> int:
-    return len(text) - len(pattern.sub("", text))
+@cache
+def _char_classes() -> np.ndarray:
+    """Every code point's class for the ratio rules (0 other, 1 letter, 2 digit, 3 symbol): the rules'
+    own patterns run once over all of Unicode, so a document's counts are one table lookup."""
+    everything = "".join(map(chr, range(sys.maxunicode + 1)))
+    table = np.zeros(sys.maxunicode + 1, dtype=np.uint8)
+    for value, pattern in enumerate((_LETTERS, _DIGITS, _SYMBOLS), start=1):
+        for match in pattern.finditer(everything):
+            table[match.start() : match.end()] = value
+    return table
 
 
-def _word_ids(words: list[str]) -> tuple[np.ndarray, list[str]]:
-    """Each word's index in the document's vocabulary (in order of first use), and that vocabulary."""
-    index = {word: i for i, word in enumerate(dict.fromkeys(words))}
-    return np.fromiter(map(index.__getitem__, words), np.intp, len(words)), list(index)
+def char_class_counts(text: str) -> np.ndarray:
+    """(other, letters, digits, symbols) characters of the text."""
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    return np.bincount(_char_classes()[codes], minlength=4)
 
 
-def _gram_keys(ids: np.ndarray, n: int) -> np.ndarray:
-    """A 64-bit key of every n-gram of `ids` (collisions: ~n_grams² / 2⁶⁴, none in practice)."""
-    count = len(ids) - n + 1
-    keys = np.zeros(count, dtype=np.uint64)
-    for k in range(n):
-        keys = mix64(keys ^ ids[k : k + count])
-    return keys
+class Words:
+    """A document's lowercased words as indices into its vocabulary (in order of first use): split once
+    for the n-gram rules and the MinHash shingles."""
+
+    def __init__(self, text: str) -> None:
+        words = text.lower().split()
+        index = {word: i for i, word in enumerate(dict.fromkeys(words))}
+        self.vocab = list(index)
+        self.ids = np.fromiter(map(index.__getitem__, words), np.intp, len(words))
+
+
+class _GramKeys:
+    """A 64-bit key of every n-gram of `ids` (collisions: ~n_grams² / 2⁶⁴, none in practice), for any n:
+    the n-gram keys extend the (n-1)-gram ones by one word, so each n costs one mixing pass."""
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids = ids.astype(np.uint64)
+        self._keys = [np.zeros(len(ids) + 1, dtype=np.uint64)]  # n = 0: one empty gram per position
+
+    def __call__(self, n: int) -> np.ndarray:
+        while len(self._keys) <= n:
+            k = len(self._keys)  # the k-gram starting at i is the (k-1)-gram there and word i+k-1
+            count = len(self.ids) - k + 1
+            self._keys.append(mix64(self._keys[-1][:count] ^ self.ids[k - 1 : k - 1 + count]))
+        return self._keys[n]
 
 
 def _top_ngram_chars(keys: np.ndarray, lengths: np.ndarray, n: int) -> tuple[int, int]:
-    """(count, characters) of the most frequent n-gram; on a tie the one seen first (Counter's order)."""
-    _, first, counts = np.unique(keys, return_index=True, return_counts=True)
-    top = first[counts == counts.max()].min()
-    return int(counts.max()), int(lengths[top : top + n].sum())
+    """(count, characters) of the most frequent n-gram; on a tie the one seen first (Counter's order).
+    (1, 0) when no n-gram repeats: the rule needs a repeat."""
+    order = np.argsort(keys, kind="stable")  # equal keys in document order
+    ordered = keys[order]
+    edges = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1], [True]]))
+    counts = edges[1:] - edges[:-1]
+    most = counts.max()
+    if most == 1:
+        return 1, 0
+    top = order[edges[:-1][counts == most]].min()
+    return int(most), int(lengths[top : top + n].sum())
 
 
 def _duplicate_ngram_chars(keys: np.ndarray, lengths: np.ndarray, n: int) -> int:
     """Characters of words inside an n-gram seen earlier in the document (first occurrence free)."""
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    starts = np.flatnonzero(first[inverse] != np.arange(len(keys)))
+    order = np.argsort(keys, kind="stable")  # equal keys in document order: the first leads its run
+    ordered = keys[order]
+    starts = order[1:][ordered[1:] == ordered[:-1]]
     cover = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.add.at(cover, starts, 1)
     np.add.at(cover, starts + n, -1)
     return int(lengths[np.cumsum(cover[:-1]) > 0].sum())
 
 
-def failed_rule(text: str, cfg: CleanParams) -> str | None:
-    """The first quality rule `text` (already normalised) breaks, or None."""
+def failed_rule(text: str, cfg: CleanParams, lowered: Words | None = None) -> str | None:
+    """The first quality rule `text` (already normalised; `lowered` its Words, if made) breaks, or None."""
     n_chars = len(text)
     if n_chars == 0:
         return "empty"
@@ -109,11 +144,12 @@ def failed_rule(text: str, cfg: CleanParams) -> str | None:
     word_chars = sum(map(len, words))
     if not cfg.min_mean_word_length <= word_chars / len(words) <= cfg.max_mean_word_length:
         return "mean_word_length"
-    if _matched_chars(_LETTERS, text) < cfg.min_alpha_ratio * word_chars:
+    _, letters, digits, symbols = char_class_counts(text)
+    if letters < cfg.min_alpha_ratio * word_chars:
         return "alpha_ratio"
-    if _matched_chars(_DIGITS, text) > cfg.max_digit_ratio * word_chars:
+    if digits > cfg.max_digit_ratio * word_chars:
         return "digit_ratio"
-    if _matched_chars(_SYMBOLS, text) > cfg.max_symbol_ratio * word_chars:
+    if symbols > cfg.max_symbol_ratio * word_chars:
         return "symbol_ratio"
     lines = [line for line in text.split("\n") if line]
     if len(lines) > 1:
@@ -123,20 +159,21 @@ def failed_rule(text: str, cfg: CleanParams) -> str | None:
             return "duplicate_lines"
         if sum(r * size for r, size in repeats) > cfg.max_duplicate_line_char_fraction * n_chars:
             return "duplicate_line_chars"
-    ids, vocab = _word_ids(text.lower().split())
-    lengths = np.fromiter(map(len, vocab), np.int64, len(vocab))[ids]
-    ids = ids.astype(np.uint64)
+    lowered = lowered or Words(text)
+    ids = lowered.ids
+    lengths = np.fromiter(map(len, lowered.vocab), np.int64, len(lowered.vocab))[ids]
+    grams = _GramKeys(ids)
     for n, limit in sorted(cfg.max_top_ngram_char_fraction.items()):
         if len(ids) < n:
             continue
-        count, gram_chars = _top_ngram_chars(_gram_keys(ids, n), lengths, n)
+        count, gram_chars = _top_ngram_chars(grams(n), lengths, n)
         if count > 1 and count * gram_chars > limit * word_chars:
             return "top_ngram"
     limits = sorted(cfg.max_duplicate_ngram_char_fraction.items())
     for index, (n, limit) in enumerate(limits):
         if len(ids) < n:
             break
-        duplicated = _duplicate_ngram_chars(_gram_keys(ids, n), lengths, n)
+        duplicated = _duplicate_ngram_chars(grams(n), lengths, n)
         if duplicated > limit * word_chars:
             return "duplicate_ngrams"
         # larger n-grams repeat only inside smaller repeated ones: stop once under every later limit
@@ -159,18 +196,18 @@ def _template(num_perm: int, seed: int) -> MinHash:
     return MinHash(num_perm=num_perm, seed=seed)
 
 
-def shingle_hashes(text: str, n: int) -> np.ndarray:
-    """32-bit hashes of the distinct n-word shingles of the lowercased text (all its words if fewer):
-    each word hashed once (CRC-32), each shingle a mix of its words' hashes, in numpy."""
-    words = text.lower().split()
-    ids, vocab = _word_ids(words)
-    word_hashes = np.fromiter((zlib.crc32(w.encode("utf-8")) for w in vocab), np.uint64, len(vocab))[ids]
-    keys = _gram_keys(word_hashes, min(n, len(words))) if words else np.zeros(1, np.uint64)
-    return np.unique(keys >> np.uint64(32))
+def shingle_hashes(words: Words, n: int) -> np.ndarray:
+    """32-bit hashes of the n-word shingles (all the words if fewer), repeats included (a MinHash is a
+    minimum: they change nothing): each word hashed once (CRC-32), each shingle a mix of its words'."""
+    if not len(words.ids):
+        return np.zeros(1, np.uint64)
+    vocab_hashes = np.fromiter(map(zlib.crc32, map(str.encode, words.vocab)), np.uint64, len(words.vocab))
+    keys = _GramKeys(vocab_hashes[words.ids])(min(n, len(words.ids)))
+    return keys >> np.uint64(32)
 
 
-def minhash_signature(text: str, cfg: CleanParams, seed: int) -> LeanMinHash:
-    """datasketch's MinHash of the text's shingles, fed their hashes (its hash function is the identity)."""
+def minhash_signature(words: Words, cfg: CleanParams, seed: int) -> LeanMinHash:
+    """datasketch's MinHash of the shingles' hashes (its hash function is the identity)."""
     template = _template(cfg.near_dedup.num_perm, seed)
     sig = MinHash(
         num_perm=template.hashvalues.size,
@@ -179,5 +216,5 @@ def minhash_signature(text: str, cfg: CleanParams, seed: int) -> LeanMinHash:
         permutations=template.permutations,
         scheme=template.scheme,
     )
-    sig.update_batch(shingle_hashes(text, cfg.near_dedup.shingle_words).tolist())
+    sig.update_batch(shingle_hashes(words, cfg.near_dedup.shingle_words).tolist())
     return LeanMinHash(sig)

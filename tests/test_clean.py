@@ -11,7 +11,7 @@ import pytest
 
 from stages import clean, ingest
 from stages.params import CleanParams
-from stages.quality import RULES, failed_rule, normalize
+from stages.quality import _DIGITS, _LETTERS, _SYMBOLS, RULES, char_class_counts, failed_rule, normalize
 from tests.pipeline_helpers import clean_texts
 
 CFG = CleanParams()
@@ -45,6 +45,39 @@ def prose(seed: int, words: int = 80) -> str:
 def test_normalize() -> None:
     raw = "Cafe\u0301\r\nline\ttwo  \u00a0three\u200b\x07\n\n\n\n end \ufeff"
     assert normalize(raw) == "Caf\u00e9\nline two three\n\nend"
+
+
+# letters, a combining accent, digits, punctuation, symbols, an astral letter and emoji, and every kind
+# of whitespace and invisible character that normalisation treats specially
+ALPHABET = (
+    "ab\u00e9e\u0301Z09.,;-_$%\u00a7\u20ac\U0001d538\U0001f600"
+    " \u00a0\u2003\u3000\t\r\n\x0b\x85\u200b\u2028\ufeff"
+)
+
+
+def test_normalize_agrees_with_its_regex_definition() -> None:
+    import re
+    import unicodedata
+
+    from stages.quality import _INVISIBLE
+
+    def reference(text: str) -> str:
+        text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n").replace("\t", " "))
+        text = re.sub(r"[^\S\n]+", " ", _INVISIBLE.sub("", text))
+        return re.sub(r"\n{3,}", "\n\n", re.sub(r" ?\n ?", "\n", text)).strip()
+
+    rng = random.Random(3)
+    for _ in range(2000):
+        text = "".join(rng.choices(ALPHABET, k=rng.randint(0, 40)))
+        assert normalize(text) == reference(text), repr(text)
+
+
+def test_character_classes_agree_with_the_rules_patterns() -> None:
+    rng = random.Random(4)
+    for _ in range(500):
+        text = "".join(rng.choices(ALPHABET, k=rng.randint(0, 60)))
+        expected = [len(text) - len(pattern.sub("", text)) for pattern in (_LETTERS, _DIGITS, _SYMBOLS)]
+        assert list(char_class_counts(text)[1:]) == expected, repr(text)
 
 
 @pytest.mark.parametrize(

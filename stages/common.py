@@ -37,6 +37,11 @@ def run_main(main: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         print("error: interrupted; outputs left as they were", file=sys.stderr)
         sys.exit(130)
+    except OSError as exc:  # a full disk, a vanished or read-only folder: outputs are written atomically
+        stage = Path(sys.argv[0]).stem
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"error: {stage}: {exc.strerror or exc}{where}; outputs left as they were", file=sys.stderr)
+        sys.exit(2)
 
 
 def cpu_threads(requested: int) -> int:

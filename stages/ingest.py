@@ -11,6 +11,7 @@ Gururangan et al. 2020).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -214,6 +215,13 @@ class ShardWriter:
         self.batch.clear()
         self.batch_chars = 0
 
+    def abandon(self) -> None:
+        """Let go of the open file after a failure (its folder is discarded): nothing more is written."""
+        if self.writer is not None:
+            with contextlib.suppress(OSError, pa.ArrowException):  # a full disk fails the close too
+                self.writer.close()
+            self.writer = None
+
     def close(self) -> None:
         self.flush()
         if self.writer is not None:
@@ -234,8 +242,10 @@ def write_source(folder: Path, label: str, docs: Iterator[Document], counts: Cou
             writer.add(doc_id, text)
             counts["documents"] += 1
             counts["characters"] += len(text)
-    finally:
-        writer.close()
+    except BaseException:
+        writer.abandon()
+        raise
+    writer.close()
     return writer.shards
 
 

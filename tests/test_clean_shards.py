@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -95,6 +96,57 @@ def test_a_killed_run_resumes_from_its_finished_shards(sharded: Workdir, referen
     done = int(resumed.stderr.split("resuming: ")[1].split(" of ")[0])
     assert 20 <= done < len(list((sharded.path / "data/clean").glob("part-*.parquet")))
     assert outputs(sharded) == {**reference, "metrics/clean.json": metrics}
+
+
+def pool_workers(pid: int) -> list[int]:
+    """The process-pool workers a process started (multiprocessing's spawned children, not its tracker)."""
+    workers = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended meanwhile
+        if parent == pid and b"spawn_main" in command:
+            workers.append(int(stat.parent.name))
+    return workers
+
+
+def test_a_worker_killed_mid_shard_fails_in_one_line_and_the_rerun_resumes(
+    sharded: Workdir, reference: dict[str, bytes]
+) -> None:
+    sharded.set("clean.workers", 2)
+    sharded.set("clean.max_chars", 800)  # drops the longer part: other outputs than before
+    before = outputs(sharded)
+    assert before == reference
+    judged = sharded.path / CLEAN_WORK / "judged"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "stages.clean"]
+    process = subprocess.Popen(command, cwd=sharded.path, env=env, stderr=subprocess.PIPE, text=True)
+    deadline, killed = time.monotonic() + 120, None
+    while time.monotonic() < deadline and process.poll() is None and killed is None:
+        workers = pool_workers(process.pid)
+        if workers and judged.is_dir() and any(not p.name.startswith(".") for p in judged.iterdir()):
+            killed = workers[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.005)
+    assert killed is not None, "clean finished before a worker could be killed"
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("error: clean: a worker process died")
+    assert outputs(sharded) == before  # the previous outputs, untouched
+    shards = [p for p in judged.iterdir() if not p.name.startswith(".")]
+    assert shards and all((p / "counts.json").is_file() for p in shards)  # only whole shards count
+
+    resumed = sharded.run("clean")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming: " in resumed.stderr
+    after_resume = outputs(sharded)
+    assert after_resume != before
+    sharded.set("clean.workers", 1)
+    assert sharded.run("clean").returncode == 0  # uninterrupted, from the start
+    assert outputs(sharded) == after_resume
 
 
 def test_changed_params_start_the_work_over(sharded: Workdir, reference: dict[str, bytes]) -> None:

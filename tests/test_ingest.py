@@ -6,6 +6,8 @@ import gzip
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +17,7 @@ import pytest
 
 from stages import ingest
 from stages.common import StageError
+from tests.conftest import ROOT
 
 PARA = "The committee met on Tuesday and agreed on a plan for the new library building."
 
@@ -285,29 +288,48 @@ def test_real_corpus(workdir, corpus_dir: Path) -> None:
     assert any("Elizabeth" in t for t in texts) and any("Pierre" in t for t in texts)
 
 
+def run_with_peak(workdir, source: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`python -m stages.ingest <source>` and its own peak RSS in MB (VmHWM starts anew at exec;
+    ru_maxrss would count the fork)."""
+    code = (
+        "import atexit, runpy, sys; atexit.register(lambda: print(next(line for line in "
+        "open('/proc/self/status') if line.startswith('VmHWM')), file=sys.stderr)); "
+        f"sys.argv = ['stages.ingest', {source!r}]; runpy.run_module('stages.ingest', run_name='__main__')"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=workdir.path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    return result, int(result.stderr.split("VmHWM:")[1].split()[0]) / 1024
+
+
 def test_a_file_without_newlines_streams_in_bounded_memory(workdir) -> None:
     """200 MB in one line: read whole, it would hold the bytes and the text at once (~400 MB more)."""
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
     with (workdir.path / "one.txt").open("w") as handle:
         for _ in range(200):
             handle.write(("lorem ipsa dolor sit amet consectetur " * 30_000)[: 1024 * 1024])
     workdir.sources(src={"path": "one.txt", "max_doc_chars": 100_000})
-    # the stage's own high-water mark (VmHWM starts anew at exec; ru_maxrss would count the fork)
-    code = (
-        "import atexit, runpy, sys; atexit.register(lambda: print(next(line for line in "
-        "open('/proc/self/status') if line.startswith('VmHWM')), file=sys.stderr)); "
-        "sys.argv = ['stages.ingest', 'src']; runpy.run_module('stages.ingest', run_name='__main__')"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-c", code]
-    result = subprocess.run(command, cwd=workdir.path, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    peak_mb = int(result.stderr.split("VmHWM:")[1].split()[0]) / 1024
+    _, peak_mb = run_with_peak(workdir, "src")
     assert metrics(workdir)["documents"] == pytest.approx(200 * 1024 * 1024 / 100_000, rel=0.02)
+    assert peak_mb < 500, f"ingest peaked at {peak_mb:.0f} MB"
+
+
+def test_a_folder_of_100000_small_files(workdir) -> None:
+    """Each file a document, named by its path, in path order; memory does not grow with the count."""
+    notes = workdir.path / "notes"
+    for folder in range(100):
+        (notes / f"{folder:03d}").mkdir(parents=True)
+        for i in range(folder * 1000, folder * 1000 + 1000):
+            (notes / f"{folder:03d}" / f"{i:06d}.txt").write_text(f"Note {i}: the river and the stone.\n")
+    workdir.sources(notes={"path": "notes", "include": ["**/*.txt"]})
+    _, peak_mb = run_with_peak(workdir, "notes")
+    parts = sorted((workdir.path / "data/raw/notes").glob("part-*.parquet"))
+    table = pa.concat_tables(pq.read_table(part, columns=["id", "text"]) for part in parts)
+    assert table.num_rows == metrics(workdir, "notes")["documents"] == 100_000
+    ids, texts = table.column("id").to_pylist(), table.column("text").to_pylist()
+    assert ids[0] == "notes/000/000000.txt#0" and ids[-1] == "notes/099/099999.txt#0"
+    assert texts == [f"Note {i}: the river and the stone." for i in range(100_000)]
     assert peak_mb < 500, f"ingest peaked at {peak_mb:.0f} MB"
 
 

@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data_scale import ROOT, generate, run_stage, sentences  # noqa: E402
+from data_scale import ROOT, corpus_dir, generate, run_stage, sentences  # noqa: E402
 
 from stages.dedup import lsh_params  # noqa: E402
 from stages.params import CleanParams  # noqa: E402
@@ -298,9 +298,7 @@ def main() -> None:
     parser.add_argument("--generated-mb", type=int, help="data_scale's generated corpus of this size instead")
     parser.add_argument("--work", type=Path, help="corpora and projects (default: a temporary one)")
     args = parser.parse_args()
-    corpus = Path(os.environ.get("CORPUS_DIR", ROOT.parent / "shared/data/corpus"))
-    if not corpus.is_dir():
-        sys.exit(f"error: CORPUS_DIR={corpus} is not a directory of real text")
+    corpus = corpus_dir()
     work = args.work or Path(tempfile.mkdtemp(prefix="clean-reference-"))
     cores = len(os.sched_getaffinity(0))
     if args.generated_mb:

@@ -44,6 +44,14 @@ def sentences(corpus: Path) -> list[str]:
     return found
 
 
+def corpus_dir() -> Path:
+    """CORPUS_DIR (default ../shared/data/corpus): the real text the corpora are made of."""
+    corpus = Path(os.environ.get("CORPUS_DIR", ROOT.parent / "shared/data/corpus"))
+    if not corpus.is_dir():
+        sys.exit(f"error: CORPUS_DIR={corpus} is not a directory of real text")
+    return corpus
+
+
 def generate(folder: Path, pool: list[str], megabytes: int, seed: int = 0) -> int:
     """Documents of 5-40 random real sentences, blank-line separated, in files of ~64 MB."""
     rng = random.Random(seed)
@@ -131,9 +139,7 @@ def main() -> None:
     parser.add_argument("--cluster", action="store_true", help="clean: 1 process vs 2 Dask workers")
     parser.add_argument("--work", type=Path, help="for corpora and projects (default: a temporary one)")
     args = parser.parse_args()
-    corpus = Path(os.environ.get("CORPUS_DIR", ROOT.parent / "shared/data/corpus"))
-    if not corpus.is_dir():
-        sys.exit(f"error: CORPUS_DIR={corpus} is not a directory of real text")
+    corpus = corpus_dir()
     work = args.work or Path(tempfile.mkdtemp(prefix="data-scale-"))
     pool = sentences(corpus)
     cores = len(os.sched_getaffinity(0))

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -29,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from stages import clean, ingest, tokenizer  # noqa: E402
 from stages.common import cpu_threads  # noqa: E402
-from stages.layout import clean_shards  # noqa: E402
+from stages.layout import PACK_WORK, clean_shards  # noqa: E402
 from stages.pack import pack  # noqa: E402
-from stages.params import load_params  # noqa: E402
+from stages.params import PackParams, load_params  # noqa: E402
 
 _reference_processor: spm.SentencePieceProcessor | None = None
 
@@ -41,6 +42,13 @@ def _reference_encode(batch: dict, model_file: str) -> dict:
     if _reference_processor is None:
         _reference_processor = spm.SentencePieceProcessor(model_file=model_file)
     return {"ids": _reference_processor.encode(batch["text"], out_type=int, add_eos=True)}
+
+
+def ours_pack(documents: Path, model_file: Path, cfg: PackParams, out: Path) -> int:
+    shutil.rmtree(PACK_WORK, ignore_errors=True)  # from the start each time, not resumed
+    tokens = sum(c["tokens"] for c in pack([documents], model_file, cfg, 1, None, out).values())
+    shutil.rmtree(PACK_WORK)
+    return tokens
 
 
 def reference_pack(documents: Path, model_file: str, workers: int, out: Path) -> int:
@@ -121,12 +129,7 @@ def main() -> None:
         results = {}
         for _ in range(args.repeats):  # alternate so both see the same machine state
             for name, run in (
-                (
-                    "ours",
-                    lambda: sum(
-                        c["tokens"] for c in pack([big], Path(model_file), cfg, 1, out).values()
-                    ),
-                ),
+                ("ours", lambda: ours_pack(big, Path(model_file), cfg, out)),
                 ("reference", lambda: reference_pack(big, "data/tokenizer/spm.model", workers, Path("."))),
             ):
                 start = time.perf_counter()

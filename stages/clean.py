@@ -12,7 +12,6 @@ so a killed run resumes from its finished shards, with the same outputs as an un
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections import Counter
@@ -25,8 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages import dedup
-from stages.codedeps import code_digest
+from stages import dedup, resume
 from stages.common import (
     Meter,
     StageError,
@@ -169,32 +167,13 @@ def keep(job: Job, out_dir: str, shard: Shard) -> dict[str, int]:
     }
 
 
-def fingerprint(job: Job, files: list[Path]) -> str:
-    """What the work folder's results depend on: params, inputs (name, size, mtime) and code."""
-    digest = hashlib.sha256(json.dumps([job.cfg.model_dump(), job.seed], sort_keys=True).encode())
-    for path in files:
-        stat = path.stat()
-        digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    digest.update(code_digest("stages.clean").encode())
-    return digest.hexdigest()
-
-
-def prepare_work(job: Job, files: list[Path]) -> None:
-    work = Path(job.work)
-    stamp = fingerprint(job, files)
-    if work.exists() and (not (work / "FINGERPRINT").exists() or (work / "FINGERPRINT").read_text() != stamp):
-        shutil.rmtree(work)  # another run's: other params, inputs or code
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "FINGERPRINT").write_text(stamp)
-
-
 def clean(
     files: list[Path], cfg: CleanParams, seed: int, workers: int, scheduler: str | None, out: Path
 ) -> Counter:
     """Every phase; the kept documents go to `out` as part-*.parquet. Returns the counts."""
     bands, band_rows = dedup.lsh_params(cfg.near_dedup.threshold, cfg.near_dedup.num_perm)
     job = Job(cfg, seed, bands, band_rows, str(CLEAN_WORK.resolve()))
-    prepare_work(job, files)
+    resume.prepare(CLEAN_WORK, resume.fingerprint([cfg.model_dump(), seed], files, "stages.clean"))
     shards = shards_of(files)
     done = sum(job.judged(s).exists() for s in shards)
     if done:

@@ -14,6 +14,7 @@ CLEAN_WORK = Path("data/.clean-work")  # a run's finished phases, for resuming i
 CLEAN_METRICS = Path("metrics/clean.json")
 TOKENIZER = Path("data/tokenizer")
 TOKENS = Path("data/tokens")
+PACK_WORK = Path("data/.pack-work")  # the shards an interrupted pack finished; not a DVC output
 GLUE = Path("data/glue")
 FINETUNE = Path("data/finetune")
 PREDICTIONS = Path("data/evaluate/predictions.parquet")

@@ -4,15 +4,23 @@
 vocabulary fits, else uint32; read them with `np.memmap(path, dtype=meta["dtype"])`), and `meta.json`
 records vocab size, dtype, token and document counts and the tokenizer's hash. Documents go to train
 or val by a seeded permutation.
+
+Each clean shard is encoded on its own into `data/.pack-work/` (whole or not at all), in this process on
+every core, on a process per core for a large corpus, or on a Dask cluster (`cluster.scheduler`); a
+killed run resumes from the finished shards, and the shards' tokens are then concatenated in order, so
+the outputs are the same bytes however the work ran.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+import shutil
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
+from dataclasses import dataclass
+from functools import cache, partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,6 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
+from stages import resume
 from stages.common import (
     Meter,
     StageError,
@@ -30,11 +39,13 @@ from stages.common import (
     run_main,
     write_json,
 )
-from stages.layout import CLEAN, TOKENIZER, TOKENS, clean_shards
+from stages.layout import CLEAN, PACK_WORK, TOKENIZER, TOKENS, clean_shards
+from stages.parallel import shard_map
 from stages.params import PackParams, load_params
 from stages.tracking import stage_run
 
 SPLITS = ("train", "val")
+POOL_DOCS = 200_000  # from this many documents on, a process per core (or a cluster) encodes the shards
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -78,46 +89,112 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Itera
             yield pending.popleft().result()
 
 
-def encoded_batches(
-    documents: list[Path], model_file: Path, dtype: np.dtype, threads: int, batch_documents: int
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Batches in document order. SentencePiece releases the GIL while it encodes, so small batches on
-    a thread pool keep every core busy, also while another thread turns ids into arrays."""
-    processor = spm.SentencePieceProcessor(model_file=str(model_file))
-    batches = (
-        b.column(0).to_pylist()
-        for path in documents
-        for b in pq.ParquetFile(path).iter_batches(batch_size=batch_documents, columns=["text"])
-    )
-    yield from ordered_map(partial(encode_batch, processor, dtype), batches, threads)
+@dataclass(frozen=True)
+class Shard:
+    """One clean shard file: the unit of work, resumed as a whole."""
+
+    index: int
+    path: str
+    offset: int  # the corpus index of its first document
+    rows: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every task of one run shares (sent to each worker)."""
+
+    model_file: str
+    dtype: str
+    threads: int  # encoding threads in a task: every core in this process, one in a pool's worker
+    batch_documents: int
+    work: str  # absolute: workers on a cluster run elsewhere
+
+    def folder(self, shard: Shard) -> Path:
+        return Path(self.work) / f"{shard.index:06d}"
+
+
+def shards_of(documents: list[Path]) -> list[Shard]:
+    shards, offset = [], 0
+    for index, path in enumerate(documents):
+        rows = pq.read_metadata(path).num_rows
+        shards.append(Shard(index, str(path.resolve()), offset, rows))
+        offset += rows
+    return shards
+
+
+@cache
+def _processor(model_file: str) -> spm.SentencePieceProcessor:
+    return spm.SentencePieceProcessor(model_file=model_file)
+
+
+def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict[str, dict[str, int]]:
+    """A shard's tokens by split (each document's `is_val` flag) into the work folder, whole or not at
+    all. SentencePiece releases the GIL while it encodes, so small batches on a thread pool keep every
+    core busy, also while another thread turns ids into arrays."""
+    shard, is_val = task
+    folder = job.folder(shard)
+    if folder.exists():  # finished by an earlier, interrupted run
+        return json.loads((folder / "counts.json").read_text())
+    encode = partial(encode_batch, _processor(job.model_file), np.dtype(job.dtype))
+    counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
+    start = 0
+    with pq.ParquetFile(shard.path) as table_file, atomic_dir(folder) as tmp:
+        batches = (
+            b.column(0).to_pylist()
+            for b in table_file.iter_batches(batch_size=job.batch_documents, columns=["text"])
+        )
+        with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
+            for ids, lengths in ordered_map(encode, batches, job.threads):
+                doc_is_val = is_val[start : start + len(lengths)]
+                start += len(lengths)
+                token_is_val = np.repeat(doc_is_val, lengths)
+                for split, handle, picked, docs in (
+                    ("train", train, ~token_is_val, ~doc_is_val),
+                    ("val", val, token_is_val, doc_is_val),
+                ):
+                    chosen = ids[picked]
+                    chosen.tofile(handle)
+                    counts[split]["documents"] += int(docs.sum())
+                    counts[split]["tokens"] += len(chosen)
+        (tmp / "counts.json").write_text(json.dumps(counts))
+    return counts
 
 
 def pack(
-    documents: list[Path], model_file: Path, cfg: PackParams, seed: int, out_dir: Path
+    documents: list[Path], model_file: Path, cfg: PackParams, seed: int, scheduler: str | None, out_dir: Path
 ) -> dict[str, dict[str, int]]:
-    vocab_size = spm.SentencePieceProcessor(model_file=str(model_file)).get_piece_size()
-    dtype = token_dtype(vocab_size)
-    n_docs = sum(pq.ParquetFile(path).metadata.num_rows for path in documents)
+    """Every shard encoded into the work folder (in this process on all cores, on a process pool for a
+    large corpus, or on a Dask cluster), then the shards' tokens concatenated in corpus order."""
+    vocab_size = _processor(str(model_file.resolve())).get_piece_size()
+    shards = shards_of(documents)
+    n_docs = sum(s.rows for s in shards)
     is_val = val_mask(n_docs, cfg.val_fraction, seed)
-    threads = cpu_threads(cfg.threads)
+    cores = cpu_threads(cfg.threads)
+    spread = scheduler is not None or n_docs > POOL_DOCS  # a pool's start-up costs more on less
+    workers, threads = (cores, 1) if spread else (1, cores)
+    dtype = token_dtype(vocab_size).name
+    job = Job(str(model_file.resolve()), dtype, threads, cfg.batch_documents, str(PACK_WORK.resolve()))
+    resume.prepare(
+        PACK_WORK, resume.fingerprint([cfg.model_dump(), seed], [*documents, model_file], "stages.pack")
+    )
+    done = sum(job.folder(s).exists() for s in shards)
+    if done:
+        log.info("pack: resuming: %d of %d shards were encoded by an interrupted run", done, len(shards))
     counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
-    start = 0
     meter = Meter("pack", total_docs=n_docs)
-    with open(out_dir / "train.bin", "wb") as train, open(out_dir / "val.bin", "wb") as val:
-        for ids, lengths in encoded_batches(documents, model_file, dtype, threads, cfg.batch_documents):
-            doc_is_val = is_val[start : start + len(lengths)]
-            start += len(lengths)
-            token_is_val = np.repeat(doc_is_val, lengths)
-            for split, handle, picked, docs in (
-                ("train", train, ~token_is_val, ~doc_is_val),
-                ("val", val, token_is_val, doc_is_val),
-            ):
-                chosen = ids[picked]
-                chosen.tofile(handle)
-                counts[split]["documents"] += int(docs.sum())
-                counts[split]["tokens"] += len(chosen)
-            meter.update(docs=len(lengths))
+    tasks = [(s, is_val[s.offset : s.offset + s.rows]) for s in shards]
+    results = shard_map(partial(encode_shard, job), tasks, workers, scheduler, "pack")
+    for shard, shard_counts in zip(shards, results, strict=True):
+        for split in SPLITS:
+            for key in ("documents", "tokens"):
+                counts[split][key] += shard_counts[split][key]
+        meter.update(docs=shard.rows)
     meter.close()
+    for split in SPLITS:
+        with open(out_dir / f"{split}.bin", "wb") as out:
+            for shard in shards:
+                with open(job.folder(shard) / f"{split}.bin", "rb") as part:
+                    shutil.copyfileobj(part, out, 16 << 20)
     return counts
 
 
@@ -133,7 +210,9 @@ def main() -> None:
         {"data.synthetic": manifest["synthetic"], "tokenizer_sha256": tok_meta["sha256"]},
     ) as run:
         with atomic_dir(TOKENS) as tmp:
-            counts = pack(clean_shards(), TOKENIZER / "spm.model", cfg, params.seed, tmp)
+            counts = pack(
+                clean_shards(), TOKENIZER / "spm.model", cfg, params.seed, params.cluster.scheduler, tmp
+            )
             meta = {
                 "vocab_size": tok_meta["vocab_size"],
                 "dtype": token_dtype(tok_meta["vocab_size"]).name,
@@ -146,6 +225,7 @@ def main() -> None:
                 **counts,
             }
             write_json(tmp / "meta.json", meta)
+        shutil.rmtree(PACK_WORK, ignore_errors=True)
         run.log_metrics(counts)
         log.info(
             "pack: train %d tokens (%d docs), val %d tokens (%d docs), %s",

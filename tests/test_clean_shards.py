@@ -1,10 +1,11 @@
-"""`clean` at scale: shards on every core, on a real Dask cluster (2 workers on 127.0.0.1) and after a
-SIGKILL at most of the way give the same bytes as one process from the start."""
+"""`clean` and `pack` at scale: shards on every core, on a real Dask cluster (2 workers on 127.0.0.1)
+and after an interruption most of the way give the same bytes as one process from the start."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,8 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stages import clean
-from stages.layout import CLEAN_WORK
+from stages import clean, pack, tokenizer
+from stages.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards
+from stages.params import load_params
 from stages.synthetic import corpus
 from tests.conftest import ROOT, Workdir
 
@@ -154,3 +156,55 @@ def test_changed_params_start_the_work_over(sharded: Workdir, reference: dict[st
     (sharded.path / CLEAN_WORK / "FINGERPRINT").write_text("another run")
     clean.main()
     assert outputs(sharded) == reference
+
+
+def tokens(workdir: Workdir) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted((workdir.path / TOKENS).iterdir())}
+
+
+@pytest.fixture
+def packed(sharded: Workdir, reference: dict[str, bytes]) -> dict[str, bytes]:
+    """pack's outputs from one process, on the 30 clean shards of `sharded`."""
+    tokenizer.main()
+    pack.main()
+    assert not (sharded.path / PACK_WORK).exists()
+    return tokens(sharded)
+
+
+def test_pack_on_every_core_and_a_dask_cluster_gives_the_bytes_of_one_process(
+    sharded: Workdir, packed: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distributed import LocalCluster
+
+    monkeypatch.setattr(pack, "POOL_DOCS", 0)  # a process per core however small the corpus
+    sharded.set("pack.threads", 2)
+    pack.main()
+    assert tokens(sharded) == packed
+    env = {"PYTHONPATH": str(ROOT)}
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None, env=env
+    ) as cluster:
+        sharded.set("cluster.scheduler", cluster.scheduler_address)
+        pack.main()
+    assert tokens(sharded) == packed
+
+
+def test_an_interrupted_pack_resumes_from_its_finished_shards(
+    sharded: Workdir, packed: dict[str, bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    params = load_params()
+    out = sharded.path / "elsewhere"
+    out.mkdir()
+    pack.pack(clean_shards(), TOKENIZER / "spm.model", params.pack, params.seed, None, out)
+    work = sharded.path / PACK_WORK
+    finished = sorted(p for p in work.iterdir() if p.is_dir())
+    assert len(finished) == len(clean_shards()) > 20
+    for folder in finished[20:]:  # what a run killed after its 20th shard had left
+        shutil.rmtree(folder)
+    (work / f".{finished[20].name}.tmp-killed").mkdir()  # and the shard it was writing
+    (work / f".{finished[20].name}.tmp-killed" / "train.bin").write_bytes(b"half")
+    with caplog.at_level("INFO"):
+        pack.main()
+    assert f"resuming: 20 of {len(finished)} shards" in caplog.text
+    assert tokens(sharded) == packed
+    assert not work.exists()

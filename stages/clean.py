@@ -40,21 +40,11 @@ from stages.layout import CLEAN, CLEAN_METRICS, CLEAN_WORK, raw_dir
 from stages.parallel import shard_map
 from stages.params import CleanParams, load_params
 from stages.quality import RULES, Words, exact_key, failed_rule, minhash_signature, normalize
+from stages.resume import Shard
 from stages.schemas import DOCUMENTS, validate
 from stages.tracking import stage_run
 
 SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One row group of a raw file: the unit of work, resumed as a whole."""
-
-    index: int
-    path: str
-    row_group: int
-    offset: int  # the corpus index of its first document
-    rows: int
 
 
 @dataclass(frozen=True)
@@ -69,17 +59,6 @@ class Job:
 
     def judged(self, shard: Shard) -> Path:
         return Path(self.work) / "judged" / f"{shard.index:06d}"
-
-
-def shards_of(files: list[Path]) -> list[Shard]:
-    shards, offset = [], 0
-    for path in files:
-        meta = pq.ParquetFile(path).metadata
-        for group in range(meta.num_row_groups):
-            rows = meta.row_group(group).num_rows
-            shards.append(Shard(len(shards), str(path.resolve()), group, offset, rows))
-            offset += rows
-    return shards
 
 
 def judge(job: Job, shard: Shard) -> dict[str, int]:
@@ -174,7 +153,7 @@ def clean(
     bands, band_rows = dedup.lsh_params(cfg.near_dedup.threshold, cfg.near_dedup.num_perm)
     job = Job(cfg, seed, bands, band_rows, str(CLEAN_WORK.resolve()))
     resume.prepare(CLEAN_WORK, resume.fingerprint([cfg.model_dump(), seed], files, "stages.clean"))
-    shards = shards_of(files)
+    shards = resume.shards_of(files)
     done = sum(job.judged(s).exists() for s in shards)
     if done:
         log.info("clean: resuming: %d of %d shards were judged by an interrupted run", done, len(shards))

@@ -42,6 +42,7 @@ from stages.common import (
 from stages.layout import CLEAN, PACK_WORK, TOKENIZER, TOKENS, clean_shards
 from stages.parallel import shard_map
 from stages.params import PackParams, load_params
+from stages.resume import Shard
 from stages.tracking import stage_run
 
 SPLITS = ("train", "val")
@@ -90,16 +91,6 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Itera
 
 
 @dataclass(frozen=True)
-class Shard:
-    """One clean shard file: the unit of work, resumed as a whole."""
-
-    index: int
-    path: str
-    offset: int  # the corpus index of its first document
-    rows: int
-
-
-@dataclass(frozen=True)
 class Job:
     """What every task of one run shares (sent to each worker)."""
 
@@ -111,15 +102,6 @@ class Job:
 
     def folder(self, shard: Shard) -> Path:
         return Path(self.work) / f"{shard.index:06d}"
-
-
-def shards_of(documents: list[Path]) -> list[Shard]:
-    shards, offset = [], 0
-    for index, path in enumerate(documents):
-        rows = pq.read_metadata(path).num_rows
-        shards.append(Shard(index, str(path.resolve()), offset, rows))
-        offset += rows
-    return shards
 
 
 @cache
@@ -141,7 +123,9 @@ def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict[str, dict[str
     with pq.ParquetFile(shard.path) as table_file, atomic_dir(folder) as tmp:
         batches = (
             b.column(0).to_pylist()
-            for b in table_file.iter_batches(batch_size=job.batch_documents, columns=["text"])
+            for b in table_file.iter_batches(
+                batch_size=job.batch_documents, row_groups=[shard.row_group], columns=["text"]
+            )
         )
         with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
             for ids, lengths in ordered_map(encode, batches, job.threads):
@@ -166,7 +150,7 @@ def pack(
     """Every shard encoded into the work folder (in this process on all cores, on a process pool for a
     large corpus, or on a Dask cluster), then the shards' tokens concatenated in corpus order."""
     vocab_size = _processor(str(model_file.resolve())).get_piece_size()
-    shards = shards_of(documents)
+    shards = resume.shards_of(documents)
     n_docs = sum(s.rows for s in shards)
     is_val = val_mask(n_docs, cfg.val_fraction, seed)
     cores = cpu_threads(cfg.threads)

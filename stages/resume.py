@@ -8,9 +8,35 @@ import hashlib
 import json
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from stages.codedeps import code_digest
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One row group of a parquet file: the unit of a data stage's work, finished whole or not at all."""
+
+    index: int
+    path: str
+    row_group: int
+    offset: int  # the corpus index of its first document
+    rows: int
+
+
+def shards_of(files: list[Path]) -> list[Shard]:
+    """Every row group of the files, in order."""
+    shards, offset = [], 0
+    for path in files:
+        meta = pq.read_metadata(path)
+        for group in range(meta.num_row_groups):
+            rows = meta.row_group(group).num_rows
+            shards.append(Shard(len(shards), str(path.resolve()), group, offset, rows))
+            offset += rows
+    return shards
 
 
 def fingerprint(config: object, files: Iterable[Path], module: str) -> str:

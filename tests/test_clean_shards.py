@@ -3,6 +3,7 @@ and after an interruption most of the way give the same bytes as one process fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -62,14 +64,28 @@ def test_every_core_gives_the_bytes_of_one_process(sharded: Workdir, reference: 
     assert outputs(sharded) == reference
 
 
-def test_a_local_dask_cluster_gives_the_same_bytes(sharded: Workdir, reference: dict[str, bytes]) -> None:
+@contextlib.contextmanager
+def on_a_local_cluster(workdir: Workdir) -> Iterator[None]:
+    """`cluster.scheduler` set to a real Dask cluster of 2 worker processes on 127.0.0.1, for the block."""
     from distributed import LocalCluster
 
     env = {"PYTHONPATH": str(ROOT)}  # the workers import the stage's functions from the project
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None, env=env
-    ) as cluster:
-        sharded.set("cluster.scheduler", cluster.scheduler_address)
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            env=env,
+        ) as cluster,
+        workdir.changed({"cluster.scheduler": cluster.scheduler_address}),
+    ):
+        yield
+
+
+def test_a_local_dask_cluster_gives_the_same_bytes(sharded: Workdir, reference: dict[str, bytes]) -> None:
+    with on_a_local_cluster(sharded):
         clean.main()
     assert outputs(sharded) == reference
 
@@ -174,17 +190,11 @@ def packed(sharded: Workdir, reference: dict[str, bytes]) -> dict[str, bytes]:
 def test_pack_on_every_core_and_a_dask_cluster_gives_the_bytes_of_one_process(
     sharded: Workdir, packed: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from distributed import LocalCluster
-
     monkeypatch.setattr(pack, "POOL_DOCS", 0)  # a process per core however small the corpus
     sharded.set("pack.threads", 2)
     pack.main()
     assert tokens(sharded) == packed
-    env = {"PYTHONPATH": str(ROOT)}
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None, env=env
-    ) as cluster:
-        sharded.set("cluster.scheduler", cluster.scheduler_address)
+    with on_a_local_cluster(sharded):
         pack.main()
     assert tokens(sharded) == packed
 

@@ -111,12 +111,6 @@ def datatrove_pipeline(inputs: Path, work: Path, cfg: CleanParams, seed: int, wo
         MinhashDedupSignature,
     )
     from datatrove.pipeline.dedup.minhash import MinhashConfig
-    from datatrove.pipeline.filters import (
-        C4QualityFilter,
-        GopherQualityFilter,
-        GopherRepetitionFilter,
-        LambdaFilter,
-    )
     from datatrove.pipeline.readers import JsonlReader, ParquetReader
     from datatrove.pipeline.writers import JsonlWriter
     from datatrove.utils.hashing import HashConfig
@@ -130,13 +124,9 @@ def datatrove_pipeline(inputs: Path, work: Path, cfg: CleanParams, seed: int, wo
         seed=seed,
         hash_config=HashConfig(precision=64),
     )
-    min_chars, max_chars = cfg.min_chars, cfg.max_chars
     filtering = [
         ParquetReader(str(inputs), text_key="text", id_key="id"),
-        LambdaFilter(lambda doc: min_chars <= len(doc.text) <= max_chars),
-        GopherQualityFilter(**_gopher_quality(cfg)),
-        GopherRepetitionFilter(**_gopher_repetition(cfg)),
-        C4QualityFilter(**_c4_lorem_ipsum_only()),
+        *datatrove_rules(cfg),
         JsonlWriter(str(work / "filtered")),
     ]
     filtered = str(work / "filtered")
@@ -205,21 +195,34 @@ def _c4_lorem_ipsum_only() -> dict:
     }
 
 
-def datatrove_reason(text: str, cfg: CleanParams) -> str:
-    """The first datatrove filter of the pipeline that drops `text`, or that it passed them all."""
-    from datatrove.data import Document
-    from datatrove.pipeline.filters import C4QualityFilter, GopherQualityFilter, GopherRepetitionFilter
+def datatrove_rules(cfg: CleanParams) -> list:
+    """Our rules as datatrove's filters, in our order (the mapping of the module's docstring)."""
+    from datatrove.pipeline.filters import (
+        C4QualityFilter,
+        GopherQualityFilter,
+        GopherRepetitionFilter,
+        LambdaFilter,
+    )
 
-    if not cfg.min_chars <= len(text) <= cfg.max_chars:
-        return "length"
-    doc = Document(text=text, id="0")
-    for rule in (
+    min_chars, max_chars = cfg.min_chars, cfg.max_chars
+    length = LambdaFilter(lambda doc: min_chars <= len(doc.text) <= max_chars)
+    length.name = "length"  # the name a drop by it is counted under
+    return [
+        length,
         GopherQualityFilter(**_gopher_quality(cfg)),
         GopherRepetitionFilter(**_gopher_repetition(cfg)),
         C4QualityFilter(**_c4_lorem_ipsum_only()),
-    ):
+    ]
+
+
+def datatrove_reason(text: str, rules: list) -> str:
+    """The first of datatrove's `rules` that drops `text`, or that it passed them all."""
+    from datatrove.data import Document
+
+    doc = Document(text=text, id="0")
+    for rule in rules:
         verdict = rule.filter(doc)
-        if verdict is False or (isinstance(verdict, tuple) and not verdict[0]):
+        if not (verdict[0] if isinstance(verdict, tuple) else verdict):
             return verdict[1] if isinstance(verdict, tuple) else rule.name
     return "passed its filters: a MinHash duplicate"
 
@@ -281,12 +284,13 @@ def compare(project: Path, rules: str, planted: list[str] | None, work: Path, co
             }
             row = {"measure": "planted_copies_removed", "rules": rules, "kind": kind, "copies": len(copies)}
             print(json.dumps({**row, **removed}), flush=True)
+    rules = datatrove_rules(cfg)
     for side, kept, other in (("ours", ours, theirs), ("datatrove", theirs, ours)):
         reasons = Counter()
         for doc_id in sorted(kept - other):
             text = normalize(rows[doc_id])
             if side == "ours":
-                reasons[datatrove_reason(text, cfg)] += 1
+                reasons[datatrove_reason(text, rules)] += 1
             else:
                 reasons[failed_rule(text, cfg) or "passed our rules: a duplicate"] += 1
         row = {"measure": "kept_only_by", "rules": rules, "side": side, "dropped_by_the_other": dict(reasons)}

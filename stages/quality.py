@@ -11,7 +11,7 @@ import sys
 import unicodedata
 import zlib
 from collections import Counter
-from functools import cache
+from functools import cache, cached_property
 
 import numpy as np
 from datasketch import LeanMinHash, MinHash
@@ -79,13 +79,27 @@ def char_class_counts(text: str) -> np.ndarray:
 
 class Words:
     """A document's lowercased words as indices into its vocabulary (in order of first use): split once
-    for the n-gram rules and the MinHash shingles."""
+    for the n-gram rules and the MinHash shingles, and only when one of them asks (a document an
+    earlier rule drops is never split)."""
 
     def __init__(self, text: str) -> None:
-        words = text.lower().split()
-        index = {word: i for i, word in enumerate(dict.fromkeys(words))}
-        self.vocab = list(index)
-        self.ids = np.fromiter(map(index.__getitem__, words), np.intp, len(words))
+        self.text = text
+
+    @cached_property
+    def _index(self) -> dict[str, int]:
+        return {word: i for i, word in enumerate(dict.fromkeys(self._words))}
+
+    @cached_property
+    def _words(self) -> list[str]:
+        return self.text.lower().split()
+
+    @cached_property
+    def vocab(self) -> list[str]:
+        return list(self._index)
+
+    @cached_property
+    def ids(self) -> np.ndarray:
+        return np.fromiter(map(self._index.__getitem__, self._words), np.intp, len(self._words))
 
 
 class _GramKeys:

@@ -124,3 +124,11 @@ def real_pipeline(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) ->
     from tests.pipeline_helpers import prepared
 
     return prepared(tmp_path_factory.mktemp("real_pipeline"), corpus_dir)
+
+
+@pytest.fixture(scope="session")
+def reproduced_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CI-sized project, reproduced once per session: never changed; tests take a `copy_project`."""
+    from tests.project import reproduce_template
+
+    return reproduce_template(tmp_path_factory.mktemp("reproduced") / "project")

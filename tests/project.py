@@ -57,6 +57,26 @@ def tiny_project(path: Path, packages: Sequence[str] = PACKAGES) -> Path:
     return make_project(path, tiny, packages)
 
 
+def reproduce_template(path: Path) -> Path:
+    """The CI-sized project with the flows, the README and a test file beside the code, `dvc repro`-ed
+    into its own MLflow store (`mlflow.db` in it): built once per session, read through copies."""
+    project = make_project(path, tiny, (*PACKAGES, "flows"))
+    shutil.copy(ROOT / "README.md", project / "README.md")
+    (project / "tests").mkdir()
+    shutil.copy(ROOT / "tests/test_codedeps.py", project / "tests/test_codedeps.py")
+    sh(project, "git", "add", "-A")
+    sh(project, "git", "commit", "-qm", "docs and tests")
+    ran = stages_run(sh(project, "dvc", "repro", MLFLOW_TRACKING_URI=None).stdout)
+    assert "evaluate" in ran
+    return project
+
+
+def copy_project(template: Path, path: Path) -> Path:
+    """A copy of a project, its git history, DVC cache, outputs and MLflow store, to change freely."""
+    shutil.copytree(template, path, symlinks=True)
+    return path
+
+
 def command_env(**env: str | None) -> dict[str, str]:
     """This environment with this venv's tools first on PATH; `env` adds variables (None removes one,
     e.g. MLFLOW_TRACKING_URI=None for the project's default store in the repo)."""

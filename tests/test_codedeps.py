@@ -4,7 +4,6 @@ the ones stages.layout names."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import yaml
 
 from stages import layout
 from stages.codedeps import ROOT, code_files, disagreements, write
-from tests.project import changed_deps, sh, stages_run, tiny_project
+from tests.project import changed_deps, copy_project, sh
 
 DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 
@@ -100,16 +99,9 @@ def stale_stages(project: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def reproduced(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The CI-sized graph, reproduced once, with the README and a test file beside the code."""
-    project = tiny_project(tmp_path_factory.mktemp("codedeps") / "project")
-    shutil.copy(ROOT / "README.md", project / "README.md")
-    (project / "tests").mkdir()
-    shutil.copy(Path(__file__), project / "tests" / Path(__file__).name)
-    sh(project, "git", "add", "-A")
-    sh(project, "git", "commit", "-qm", "docs and tests")
-    ran = stages_run(sh(project, "dvc", "repro").stdout)
-    assert "evaluate" in ran
+def reproduced(reproduced_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CI-sized graph, reproduced, with the README and a test file beside the code."""
+    project = copy_project(reproduced_template, tmp_path_factory.mktemp("codedeps") / "project")
     assert stale_stages(project) == set()
     return project
 

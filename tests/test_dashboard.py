@@ -13,7 +13,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.project import command_env, sh, tiny_project
+from tests.project import command_env, copy_project
 from tests.services import BIN, free_port, start, stop, wait_until_up
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -46,11 +46,12 @@ def rendered(url: str, profile: Path, screenshot: Path | None = None) -> str:
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (.ci/run installs Debian's chromium)")
-def test_mlflow_opens_on_the_pipelines_runs_with_glue_on_the_model(tmp_path: Path) -> None:
+def test_mlflow_opens_on_the_pipelines_runs_with_glue_on_the_model(
+    reproduced_template: Path, tmp_path: Path
+) -> None:
     from stages.tracking import ui_link
 
-    project = tiny_project(tmp_path / "project")
-    sh(project, "dvc", "repro", MLFLOW_TRACKING_URI=None)  # the project's own store, mlflow.db
+    project = copy_project(reproduced_template, tmp_path / "project")  # `dvc repro` into its mlflow.db
     store = f"sqlite:///{project / 'mlflow.db'}"
     client = mlflow.MlflowClient(store)
     experiment = client.get_experiment_by_name("lmpipe")

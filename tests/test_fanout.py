@@ -23,9 +23,8 @@ from dvc.utils.hydra import apply_overrides
 
 from flows.common import PipelineError
 from flows.dispatch import Refused, checked_in, checkout, params_diff
-from stages.codedeps import PACKAGES
 from tests.conftest import ROOT
-from tests.project import sh, tiny_project
+from tests.project import copy_project, sh
 from tests.services import (
     BIN,
     free_port,
@@ -49,14 +48,13 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
+def site(reproduced_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Site:
     """The project with its baseline reproduced, committed and pushed; the workers' clones of it."""
     root = tmp_path_factory.mktemp("fanout")
     origin = root / "origin.git"
     subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
-    project = tiny_project(root / "project", packages=(*PACKAGES, "flows"))
+    project = copy_project(reproduced_template, root / "project")
     sh(project, "dvc", "remote", "add", "-d", "shared", str(root / "dvc-remote"))
-    sh(project, "dvc", "repro")
     sh(project, "git", "add", "-A")
     sh(project, "git", "commit", "-qm", "baseline reproduced, DVC remote")
     sh(project, "git", "remote", "add", "origin", str(origin))
@@ -75,16 +73,18 @@ class Cluster:
     logs: Path
 
 
-@pytest.fixture
-def cluster(site: Site, tmp_path: Path) -> Iterator[Cluster]:
+@pytest.fixture(scope="module")
+def servers(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The servers, the pool with its point deployment, one worker per clone (one run at a time each,
-    as on a one-GPU machine); all stopped at the end of the test."""
+    as on a one-GPU machine); all stopped at the end of the module."""
+    logs = tmp_path_factory.mktemp("fanout-logs")
     mlflow_port = free_port()
     tracking = f"http://127.0.0.1:{mlflow_port}"
-    env = prefect_env(tmp_path / "prefect", free_port(), MLFLOW_TRACKING_URI=tracking)
+    env = prefect_env(logs / "prefect", free_port(), MLFLOW_TRACKING_URI=tracking)
     processes: list[subprocess.Popen] = []
+    workers: dict[str, subprocess.Popen] = {}
     try:
-        log = tmp_path / "mlflow.log"
+        log = logs / "mlflow.log"
         server = start(
             [
                 str(BIN / "mlflow"),
@@ -105,13 +105,23 @@ def cluster(site: Site, tmp_path: Path) -> Iterator[Cluster]:
         )
         processes.append(server)
         wait_until_up(f"{tracking}/health", server, log)
-        processes.append(prefect_server(env, tmp_path / "prefect.log"))
+        processes.append(prefect_server(env, logs / "prefect.log"))
         prefect(env, "work-pool", "create", "cpu", "--type", "process")
         for deployment in ("ablation-point-cpu", "pipeline-stage-cpu"):
             prefect(env, "--no-prompt", "deploy", "--name", deployment, cwd=ROOT)
-        workers = {}
-        for name, clone in site.clones.items():
-            worker_env = {**env, "LMPIPE_CHECKOUT": str(clone), "PYTHONPATH": str(clone)}
+        yield Cluster(env, workers, logs)
+    finally:
+        for process in [*workers.values(), *reversed(processes)]:
+            stop(process)
+    assert all(process.poll() is not None for process in [*workers.values(), *processes])
+
+
+@pytest.fixture
+def cluster(site: Site, servers: Cluster) -> Cluster:
+    """The servers with both workers up: one a test killed is started again."""
+    for name, clone in site.clones.items():
+        if name not in servers.workers or servers.workers[name].poll() is not None:
+            worker_env = {**servers.env, "LMPIPE_CHECKOUT": str(clone), "PYTHONPATH": str(clone)}
             command = [
                 str(BIN / "prefect"),
                 "worker",
@@ -123,13 +133,8 @@ def cluster(site: Site, tmp_path: Path) -> Iterator[Cluster]:
                 "--limit",
                 "1",
             ]
-            workers[name] = start(command, tmp_path / f"{name}.log", worker_env, cwd=clone)
-            processes.append(workers[name])
-        yield Cluster(env, workers, tmp_path)
-    finally:
-        for process in reversed(processes):
-            stop(process)
-    assert all(process.poll() is not None for process in processes)
+            servers.workers[name] = start(command, servers.logs / f"{name}.log", worker_env, cwd=clone)
+    return servers
 
 
 def flow_runs(env: dict[str, str], name_like: str) -> list[dict]:

@@ -26,9 +26,14 @@ class StageError(Exception):
     """Bad input or configuration: reported as one line and a non-zero exit, never a traceback."""
 
 
+def setup_logging() -> None:
+    """The stages' log format; also called in worker processes, which start without it."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
 def run_main(main: Callable[[], object]) -> None:
     """Entry point of `python -m stages.<name>`."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     try:
         main()
     except StageError as exc:

@@ -7,24 +7,47 @@ parquet, csv, each optionally .gz) picked by `include`, a local Hugging Face bui
 at `max_documents`), a `save_to_disk` folder (Hub datasets arrive as one, from the `hub` stage), or the
 unlabeled text of GLUE tasks' train splits as glue_prepare wrote them (task-adaptive pretraining,
 Gururangan et al. 2020).
+
+A folder of files is read in units of about UNIT_BYTES (whole files, in order), each into parts of its
+own: on every core here or on a Dask cluster (`cluster.scheduler`), and an interrupted run resumes
+from the units it finished (`data/.ingest-work/<name>`). The parts are the stage's output in the
+units' order, so the documents and their ids are the same whatever runs them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
+import shutil
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages.common import Meter, StageError, atomic_dir, log, read_json, run_main, write_json
+from stages import resume
+from stages.common import (
+    Meter,
+    StageError,
+    atomic_dir,
+    cpu_threads,
+    log,
+    read_json,
+    run_main,
+    setup_logging,
+    write_json,
+)
 from stages.glue import task as glue_task
-from stages.layout import ingest_metrics, raw_dir
-from stages.params import IngestParams, SourceParams, load_params
+from stages.layout import ingest_metrics, ingest_work, raw_dir
+from stages.parallel import shard_map
+from stages.params import Params, SourceParams, load_params
 from stages.readers import FileReader, TextDecoder, detect_format, join_paragraphs, split_long
 from stages.schemas import DOCUMENTS, validate
 from stages.tracking import stage_run
@@ -34,6 +57,7 @@ from stages.tracking import stage_run
 ROW_GROUP_DOCS = 1024
 ROW_GROUP_CHARS = 16_000_000
 SHARD_CHARS = 64_000_000  # characters of text per output file
+UNIT_BYTES = 64 << 20  # input bytes per unit of work: a task for a worker, a point to resume from
 SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
 Document = tuple[str, str]  # (id, text)
 
@@ -57,30 +81,114 @@ def resolve_files(source: SourceParams, key: str) -> list[Path]:
     return files
 
 
-def file_documents(
-    source: SourceParams, key: str, cfg: IngestParams, counts: Counter, meter: Meter
-) -> Iterator[Document]:
+@dataclass(frozen=True)
+class Unit:
+    """Consecutive files of a source: read by one worker into parts of its own, finished whole or not
+    at all. A file is never split, so one very large file is one unit."""
+
+    index: int
+    files: tuple[tuple[str, str], ...]  # (path as the source gives it, its name in the documents' ids)
+    nbytes: int
+    stamp: str  # of its files' paths, sizes and mtimes: an edited file re-reads its unit only
+
+
+def units_of(files: list[Path], root: Path) -> list[Unit]:
+    """The files in order, grouped into units of about UNIT_BYTES of input."""
+    units: list[Unit] = []
+    batch: list[tuple[str, str]] = []
+    size, stamp = 0, hashlib.sha256()
+    for i, path in enumerate(files):
+        stat = path.stat()
+        # ids relative to the source: the same text gives the same outputs wherever the folder lives
+        name = path.name if path == root else path.relative_to(root).as_posix()
+        batch.append((str(path), name))
+        size += stat.st_size
+        stamp.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        if size >= UNIT_BYTES or i == len(files) - 1:
+            units.append(Unit(len(units), tuple(batch), size, stamp.hexdigest()[:16]))
+            batch, size, stamp = [], 0, hashlib.sha256()
+    return units
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every unit of one run shares (sent to each worker)."""
+
+    name: str  # the source's: the documents' `source` and the prefix of their ids
+    key: str  # its params key, for error lines
+    source: SourceParams
+    encoding_errors: str
+    on_malformed: str
+    work: str  # absolute: workers on a cluster run elsewhere
+    project: str  # the stage's folder, where a relative source path starts
+
+    def folder(self, unit: Unit) -> Path:
+        return Path(self.work) / f"{unit.index:06d}-{unit.stamp}"
+
+    def local(self, path: str) -> Path:
+        """The path here; a relative one as given (so errors name it so), unless this worker runs
+        elsewhere (a cluster's)."""
+        if Path(path).is_absolute() or Path.cwd() == Path(self.project):
+            return Path(path)
+        return Path(self.project) / path
+
+
+def ingest_unit(job: Job, unit: Unit) -> dict[str, int]:
+    """A unit's documents as parts in its work folder, written whole; its counts."""
+    folder = job.folder(unit)
+    if folder.exists():  # finished by an earlier, interrupted run
+        return json.loads((folder / "counts.json").read_text())
+    setup_logging()  # a pool's worker process: the readers' warnings in the stage's format
+    source, counts = job.source, Counter()
     reader = FileReader(
-        TextDecoder(cfg.encoding_errors, counts),
+        TextDecoder(job.encoding_errors, counts),
         counts,
-        cfg.on_malformed,
+        job.on_malformed,
         source.text_column,
-        f"{key}.text_column",
+        f"{job.key}.text_column",
         source.split_by,
         source.max_doc_chars,
     )
-    files = resolve_files(source, key)
-    sizes = [path.stat().st_size for path in files]
-    meter.total_bytes = sum(sizes)  # the ETA: the share of the input files' bytes read
-    root = Path(source.path)
-    for path, size in zip(files, sizes, strict=True):
-        counts["files"] += 1
-        fmt = detect_format(path, source.format)
-        # ids relative to the source: the same text gives the same outputs wherever the folder lives
-        name = path.name if path == root else path.relative_to(root).as_posix()
-        for n, text in enumerate(reader.read(path, fmt)):
-            yield f"{name}#{n}", text
-        meter.update(nbytes=size)
+
+    def docs() -> Iterator[Document]:
+        for given, name in unit.files:
+            counts["files"] += 1
+            path = job.local(given)
+            for n, text in enumerate(reader.read(path, detect_format(path, source.format))):
+                yield f"{name}#{n}", text
+
+    with atomic_dir(folder) as tmp:
+        counts["parts"] = write_source(tmp, job.name, docs(), counts)
+        (tmp / "counts.json").write_text(json.dumps(counts))
+    return dict(counts)
+
+
+def ingest_files(
+    job: Job, files: list[Path], workers: int, scheduler: str | None, out: Path, counts: Counter
+) -> int:
+    """Every unit of the files read into the work folder (in this process, on a process per core, or
+    on a Dask cluster), then their parts linked into `out` in order; returns the number of parts."""
+    units = units_of(files, Path(job.source.path))
+    config = [job.source.model_dump(), job.encoding_errors, job.on_malformed]
+    # the files are in each unit's stamp: an edited file makes only its unit stale
+    resume.prepare(Path(job.work), resume.fingerprint(config, [], "stages.ingest"))
+    done = sum(job.folder(u).exists() for u in units)
+    if done:
+        what = "units were read by an interrupted run"
+        log.info("ingest %s: resuming: %d of %d %s", job.name, done, len(units), what)
+    meter = Meter(f"ingest {job.name}", total_bytes=sum(u.nbytes for u in units))
+    results = shard_map(partial(ingest_unit, job), units, workers, scheduler, f"ingest@{job.name}")
+    parts = 0
+    for unit, unit_counts in zip(units, results, strict=True):
+        unit_parts = unit_counts.pop("parts")
+        counts.update(unit_counts)
+        meter.update(docs=unit_counts.get("documents", 0), nbytes=unit.nbytes)
+        for k in range(unit_parts):
+            # a link, not a move: a run killed here still finds the unit whole in the work folder
+            os.link(job.folder(unit) / f"part-{k:05d}.parquet", out / f"part-{parts:05d}.parquet")
+            parts += 1
+    meter.close()
+    return parts
 
 
 def _texts(rows: Iterator[dict], where: str, column: str, column_key: str) -> Iterator[str | None]:
@@ -231,12 +339,15 @@ class ShardWriter:
             self.shard_chars = 0
 
 
-def write_source(folder: Path, label: str, docs: Iterator[Document], counts: Counter, meter: Meter) -> int:
+def write_source(
+    folder: Path, label: str, docs: Iterator[Document], counts: Counter, meter: Meter | None = None
+) -> int:
     """The documents as shards in `folder`; returns the number of shards."""
     writer = ShardWriter(folder, label)
     try:
         for doc_id, text in docs:
-            meter.update(docs=1)
+            if meter is not None:
+                meter.update(docs=1)
             if not text.strip():
                 continue
             writer.add(doc_id, text)
@@ -249,14 +360,25 @@ def write_source(folder: Path, label: str, docs: Iterator[Document], counts: Cou
     return writer.shards
 
 
-def documents(
-    source: SourceParams, key: str, cfg: IngestParams, counts: Counter, meter: Meter
-) -> Iterator[Document]:
+def ingest(name: str, params: Params, out: Path, counts: Counter) -> int:
+    """The source's documents as parts in `out`; returns the number of parts. Files are read in units
+    (on every core or a Dask cluster, resumed after an interruption); a dataset or GLUE source is one
+    stream, read here."""
+    cfg = params.ingest
+    source, key = cfg.sources[name], f"ingest.sources.{name}"
     if source.kind == "files":
-        return file_documents(source, key, cfg, counts, meter)
+        work = str(ingest_work(name).resolve())
+        job = Job(name, key, source, cfg.encoding_errors, cfg.on_malformed, work, str(Path.cwd()))
+        workers = cpu_threads(cfg.workers)
+        return ingest_files(job, resolve_files(source, key), workers, params.cluster.scheduler, out, counts)
+    meter = Meter(f"ingest {name}")
     if source.kind == "glue":
-        return glue_documents(source, key, counts)
-    return dataset_documents(source, key, counts, meter)
+        docs = glue_documents(source, key, counts)
+    else:
+        docs = dataset_documents(source, key, counts, meter)
+    parts = write_source(out, name, docs, counts, meter)
+    meter.close()
+    return parts
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -276,10 +398,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         {"data.synthetic": synthetic, "source": name},
     ) as run:
         counts: Counter = Counter()
-        meter = Meter(f"ingest {name}")
         with atomic_dir(raw_dir(name)) as tmp:
-            shards = write_source(tmp, name, documents(source, key, cfg, counts, meter), counts, meter)
-            meter.close()
+            shards = ingest(name, params, tmp, counts)
             if counts["documents"] == 0:
                 raise StageError(f"{key}: no documents in '{source.path}': {dict(sorted(counts.items()))}")
             write_json(
@@ -293,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "shards": shards,
                 },
             )
+        shutil.rmtree(ingest_work(name), ignore_errors=True)
         report = dict(sorted(counts.items()))
         write_json(ingest_metrics(name), report)
         run.log_metrics(report)

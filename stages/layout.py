@@ -40,6 +40,11 @@ def raw_dir(source: str) -> Path:
     return RAW / source
 
 
+def ingest_work(source: str) -> Path:
+    """The units of input files an interrupted ingest of `source` finished; not a DVC output."""
+    return Path("data/.ingest-work") / source
+
+
 def ingest_metrics(source: str) -> Path:
     return Path("metrics/ingest") / f"{source}.json"
 

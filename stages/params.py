@@ -122,6 +122,7 @@ class IngestParams(Strict):
     sources: dict[SourceName, SourceParams] = Field(min_length=1)
     encoding_errors: Literal["replace", "skip", "fail"] = "replace"
     on_malformed: Literal["fail", "skip"] = "fail"
+    workers: int = Field(0, ge=0, description="processes reading a folder's files; 0 = all cores")
 
 
 class HubParams(Strict):

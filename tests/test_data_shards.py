@@ -1,10 +1,12 @@
-"""`clean` and `pack` at scale: shards on every core, on a real Dask cluster (2 workers on 127.0.0.1)
-and after an interruption most of the way give the same bytes as one process from the start."""
+"""`ingest`, `clean` and `pack` at scale: units and shards on every core, on a real Dask cluster (2
+workers on 127.0.0.1) and after an interruption most of the way give the same bytes as one process
+from the start."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -18,8 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stages import clean, pack, tokenizer
-from stages.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards
+from stages import clean, ingest, pack, tokenizer
+from stages.common import StageError
+from stages.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards, ingest_work
 from stages.params import load_params
 from stages.synthetic import corpus
 from tests.conftest import ROOT, Workdir
@@ -218,3 +221,72 @@ def test_an_interrupted_pack_resumes_from_its_finished_shards(
     assert f"resuming: 20 of {len(finished)} shards" in caplog.text
     assert tokens(sharded) == packed
     assert not work.exists()
+
+
+@pytest.fixture
+def folder_source(workdir: Workdir) -> Workdir:
+    """A source `books` of 30 text files and a jsonl file (about 90 kB)."""
+    docs = corpus(5, 300, 500, 5, 14)
+    folder = workdir.path / "books"
+    for i in range(30):
+        (folder / f"shelf-{i % 3}").mkdir(parents=True, exist_ok=True)
+        (folder / f"shelf-{i % 3}/book-{i:02d}.txt").write_text("\n\n".join(docs[i * 9 : i * 9 + 9]))
+    (folder / "zz.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[270:]))
+    workdir.sources(books={"path": str(folder), "include": ["**/*.txt", "*.jsonl"]})
+    workdir.set("ingest.workers", 1)
+    return workdir
+
+
+def raw(workdir: Workdir) -> dict[str, bytes]:
+    """Every file `ingest@books` writes, by path: its parts, manifest and metrics."""
+    files = [*sorted((workdir.path / "data/raw/books").iterdir()), workdir.path / "metrics/ingest/books.json"]
+    return {str(path.relative_to(workdir.path)): path.read_bytes() for path in files}
+
+
+def documents(workdir: Workdir) -> pa.Table:
+    return pa.concat_tables(pq.read_table(p) for p in sorted((workdir.path / "data/raw/books").glob("part-*")))
+
+
+def test_ingest_units_on_every_core_and_a_dask_cluster_give_the_bytes_of_one_process(
+    folder_source: Workdir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ingest.main(["books"])
+    whole = documents(folder_source)  # one unit: every file read by this process into one part
+    assert len(list((folder_source.path / "data/raw/books").glob("part-*"))) == 1
+    assert whole.num_rows >= 300 and whole.column("id")[0].as_py() == "books/shelf-0/book-00.txt#0"
+
+    monkeypatch.setattr(ingest, "UNIT_BYTES", 6000)
+    ingest.main(["books"])
+    reference = raw(folder_source)
+    assert len([p for p in reference if "/part-" in p]) > 10  # a part per unit
+    assert documents(folder_source).equals(whole)  # the same documents, ids and order
+    assert not (folder_source.path / ingest_work("books")).exists()
+
+    folder_source.set("ingest.workers", 2)
+    ingest.main(["books"])
+    assert raw(folder_source) == reference
+    with on_a_local_cluster(folder_source):
+        ingest.main(["books"])
+    assert raw(folder_source) == reference
+
+
+def test_a_failed_ingest_resumes_from_its_finished_units_and_rereads_an_edited_one(
+    folder_source: Workdir, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(ingest, "UNIT_BYTES", 6000)
+    jsonl = folder_source.path / "books/zz.jsonl"
+    good = jsonl.read_text()
+    jsonl.write_text(good + "{not json\n")  # the last unit's file: every unit before it finishes
+    with pytest.raises(StageError, match=r"zz.jsonl:\d+: malformed JSON line"):
+        ingest.main(["books"])
+    assert not (folder_source.path / "data/raw/books").exists()  # no partial output
+    finished = [p for p in (folder_source.path / ingest_work("books")).iterdir() if p.is_dir()]
+    assert len(finished) > 10 and all((p / "counts.json").is_file() for p in finished)
+
+    jsonl.write_text(good)  # fixed: its unit is read again, the others are not
+    with caplog.at_level(logging.INFO, logger="lmpipe"):
+        ingest.main(["books"])
+    assert f"resuming: {len(finished)} of {len(finished) + 1} units" in caplog.text
+    resumed = raw(folder_source)
+    ingest.main(["books"])  # from the start
+    assert raw(folder_source) == resumed

@@ -123,6 +123,8 @@ def compare_cluster(project: Path) -> None:
         params["cluster"]["scheduler"] = cluster.scheduler_address
         params_file.write_text(yaml.safe_dump(params, sort_keys=False))
         cluster_seconds, _ = run_stage(project, "clean")
+    params["cluster"]["scheduler"] = None  # the cluster is gone: later runs of the project work here
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
     row = {
         "measure": "clean_dask_cluster",
         "one_process_seconds": round(one_seconds, 1),

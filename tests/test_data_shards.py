@@ -244,7 +244,8 @@ def raw(workdir: Workdir) -> dict[str, bytes]:
 
 
 def documents(workdir: Workdir) -> pa.Table:
-    return pa.concat_tables(pq.read_table(p) for p in sorted((workdir.path / "data/raw/books").glob("part-*")))
+    parts = sorted((workdir.path / "data/raw/books").glob("part-*"))
+    return pa.concat_tables(pq.read_table(part) for part in parts)
 
 
 def test_ingest_units_on_every_core_and_a_dask_cluster_give_the_bytes_of_one_process(

@@ -58,6 +58,7 @@ ROW_GROUP_DOCS = 1024
 ROW_GROUP_CHARS = 16_000_000
 SHARD_CHARS = 64_000_000  # characters of text per output file
 UNIT_BYTES = 64 << 20  # input bytes per unit of work: a task for a worker, a point to resume from
+UNIT_LOG_S = 30.0  # a unit still running after this long logs its progress (one large file)
 SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
 Document = tuple[str, str]  # (id, text)
 
@@ -150,11 +151,17 @@ def ingest_unit(job: Job, unit: Unit) -> dict[str, int]:
         source.max_doc_chars,
     )
 
+    # a unit can be one very large file: its worker logs how far it is, as the stage does per unit
+    meter = Meter(
+        f"ingest {job.name}, unit {unit.index + 1}", total_bytes=unit.nbytes, every=UNIT_LOG_S, terminal=False
+    )
+
     def docs() -> Iterator[Document]:
         for given, name in unit.files:
             counts["files"] += 1
             path = job.local(given)
             for n, text in enumerate(reader.read(path, detect_format(path, source.format))):
+                meter.update(docs=1, nbytes=len(text))  # characters for bytes: close enough for an ETA
                 yield f"{name}#{n}", text
 
     with atomic_dir(folder) as tmp:

@@ -291,3 +291,14 @@ def test_a_failed_ingest_resumes_from_its_finished_units_and_rereads_an_edited_o
     resumed = raw(folder_source)
     ingest.main(["books"])  # from the start
     assert raw(folder_source) == resumed
+
+
+def test_a_long_unit_logs_its_progress(
+    folder_source: Workdir, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One very large file is one unit: its worker says how far it is (here at every document)."""
+    monkeypatch.setattr(ingest, "UNIT_LOG_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="lmpipe"):
+        ingest.main(["books"])
+    progress = [r.message for r in caplog.records if r.message.startswith("ingest books, unit 1: ")]
+    assert len(progress) > 300 and "% done, ETA" in progress[-1]

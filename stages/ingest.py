@@ -152,16 +152,17 @@ def ingest_unit(job: Job, unit: Unit) -> dict[str, int]:
     )
 
     # a unit can be one very large file: its worker logs how far it is, as the stage does per unit
-    meter = Meter(
-        f"ingest {job.name}, unit {unit.index + 1}", total_bytes=unit.nbytes, every=UNIT_LOG_S, terminal=False
-    )
+    # (characters for bytes: close enough for an ETA, but not against a compressed file's size)
+    compressed = any(given.endswith(".gz") for given, _ in unit.files)
+    total = None if compressed else unit.nbytes
+    meter = Meter(f"ingest {job.name}, unit {unit.index + 1}", None, total, UNIT_LOG_S, terminal=False)
 
     def docs() -> Iterator[Document]:
         for given, name in unit.files:
             counts["files"] += 1
             path = job.local(given)
             for n, text in enumerate(reader.read(path, detect_format(path, source.format))):
-                meter.update(docs=1, nbytes=len(text))  # characters for bytes: close enough for an ETA
+                meter.update(docs=1, nbytes=len(text))
                 yield f"{name}#{n}", text
 
     with atomic_dir(folder) as tmp:
@@ -192,7 +193,11 @@ def ingest_files(
         meter.update(docs=unit_counts.get("documents", 0), nbytes=unit.nbytes)
         for k in range(unit_parts):
             # a link, not a move: a run killed here still finds the unit whole in the work folder
-            os.link(job.folder(unit) / f"part-{k:05d}.parquet", out / f"part-{parts:05d}.parquet")
+            part, target = job.folder(unit) / f"part-{k:05d}.parquet", out / f"part-{parts:05d}.parquet"
+            try:
+                os.link(part, target)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(part, target)
             parts += 1
     meter.close()
     return parts

@@ -14,7 +14,6 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import grad_norm
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -202,6 +201,7 @@ class PretrainModule(L.LightningModule):
         self.compile = compile
         self.special = SpecialIds()
         self.history: list[dict[str, float]] = []
+        self._train_losses: list[tuple[int, Tensor]] = []  # on the device until the next log boundary
         self._last_log: tuple[float, int] | None = None
         self.step_flops: int | None = None  # one micro-batch's FLOPs (models.flops), set by the stage
         self.peak_flops: float | None = None  # the device's bf16 peak, when known: MFU
@@ -236,16 +236,31 @@ class PretrainModule(L.LightningModule):
         torch.manual_seed(derived_seed(self.cfg.seed, DROPOUT_STREAM, self.global_step, self.global_rank))
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        # nothing here reads a tensor on the host: the CPU queues the next steps while the GPU works
         loss, correct, count = self.loss(batch)
-        if not torch.isfinite(loss):
-            raise NonFiniteLoss(self.global_step, loss.item())
         self.log("train/loss", loss, prog_bar=True)
-        self.history.append({"step": self.global_step, "train_loss": float(loss.detach())})
+        self._train_losses.append((self.global_step, loss.detach()))
         self.log(f"train/{self.cfg.objective}_accuracy", correct / count)
         return loss
 
+    def _read_train_losses(self) -> None:
+        """The losses since the last boundary into `history`, read in one transfer; the first that is
+        not finite stops the run with its step (before a checkpoint could keep its weights)."""
+        if not self._train_losses:
+            return
+        steps = [step for step, _ in self._train_losses]
+        values = torch.stack([loss for _, loss in self._train_losses]).float().cpu()
+        self._train_losses.clear()
+        finite = torch.isfinite(values)
+        if not finite.all():
+            first = int((~finite).nonzero()[0])
+            raise NonFiniteLoss(steps[first], float(values[first]))
+        self.history += [{"step": s, "train_loss": v} for s, v in zip(steps, values.tolist(), strict=True)]
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         now, step = time.perf_counter(), self.global_step
+        if step % self.trainer.log_every_n_steps == 0:
+            self._read_train_losses()
         if self._last_log is not None and step > self._last_log[1]:
             elapsed = now - self._last_log[0]
             micro_batches = (step - self._last_log[1]) * self.cfg.accumulate
@@ -259,20 +274,28 @@ class PretrainModule(L.LightningModule):
         self._last_log = (now, step)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._read_train_losses()
         checkpoint["loss_history"] = self.history
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.history = list(checkpoint.get("loss_history", []))
 
+    def on_train_end(self) -> None:
+        self._read_train_losses()
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.log("train/grad_norm", grad_norm(self.model, 2)["grad_2.0_norm_total"])
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads, 2.0))  # on the device
 
     def on_validation_epoch_start(self) -> None:
-        self._val_sums = torch.zeros(3, dtype=torch.float64)  # loss * tokens, correct, tokens
+        self._read_train_losses()  # the curve stays in step order
+        # loss * tokens, correct, tokens: summed on the device, read once at the end
+        self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         loss, correct, count = self.loss(batch)
-        self._val_sums += torch.tensor([float(loss) * count, float(correct), count], dtype=torch.float64)
+        tokens = torch.full((), count, dtype=torch.float64, device=loss.device)  # a fill, not a copy
+        self._val_sums += torch.stack([loss.double() * count, correct.double(), tokens])
 
     def on_validation_epoch_end(self) -> None:
         sums = self.all_gather(self._val_sums).reshape(-1, 3).sum(0)

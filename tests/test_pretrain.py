@@ -292,3 +292,38 @@ def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
         run_stages(sample_pipeline, "pretrain", "encoder_mlm")
     model, config = load_pretrained(sample_pipeline.path / "checkpoints/encoder_mlm/final")
     assert config["steps"] == 5 and model.num_parameters() > 0
+
+
+@pytest.mark.parametrize(
+    ("arch", "objective"), [("encoder", "mlm"), ("decoder", "clm"), ("encoder_decoder", "span")]
+)
+def test_a_training_step_never_reads_a_tensor_on_the_host(
+    arch: str, objective: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What would make the CPU wait for the GPU at every step: `.item()`, `float()`, a Python `if` on a
+    tensor, `.tolist()`, `.cpu()`. The losses are read at the log boundary, in one transfer, and the
+    first one that is not finite is reported with its step."""
+    from models.lightning import PretrainModule, make_batch
+    from models.objectives import NonFiniteLoss
+    from tests.test_flops import VARIANTS, configs
+
+    model, train = configs(arch, objective, VARIANTS[0])
+    module = PretrainModule(model.to_dict(), train.__dict__)
+    monkeypatch.setattr(module, "log", lambda *args, **kwargs: None)  # no Trainer here
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(107, 1000, (train.batch_size, train.row_length()), generator=generator)
+    batch = make_batch(rows, train, generator, 1000)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a training step read a tensor on the host")
+
+    with monkeypatch.context() as host:
+        for name in ("item", "tolist", "cpu", "__bool__", "__float__", "__int__"):
+            host.setattr(torch.Tensor, name, refused)
+        loss = module.training_step(batch, 0)
+    module._read_train_losses()
+    assert module.history == [{"step": 0, "train_loss": loss.item()}]
+
+    module._train_losses += [(1, loss.detach()), (2, loss.detach() * float("nan")), (3, loss.detach())]
+    with pytest.raises(NonFiniteLoss, match="^the loss became nan at step 2$"):
+        module._read_train_losses()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +27,7 @@ from models.objectives import NonFiniteLoss, derived_seed
 from models.transformer import weight_decay_groups
 
 DROPOUT_STREAM = 2**42
+READ_LOSSES_EVERY = 50  # steps between the host's reads of the losses: the device runs ahead meanwhile
 Precision = Literal["32-true", "bf16-mixed"]
 
 
@@ -80,11 +81,16 @@ def padded_batches(
     ids: list[list[int]], labels: np.ndarray | None, batches: list[np.ndarray], device: torch.device
 ) -> Iterator[dict[str, Tensor]]:
     """Padded tensors of the given batches; `labels` float for regression, class ids otherwise."""
+    pinned = device.type == "cuda"  # page-locked host memory: the copies run while the GPU computes
+
+    def to_device(tensor: Tensor) -> Tensor:
+        return tensor.pin_memory().to(device, non_blocking=True) if pinned else tensor.to(device)
+
     for rows in batches:
         input_ids, pad_mask = pad_batch([ids[r] for r in rows])
-        batch = {"input_ids": input_ids.to(device), "pad_mask": pad_mask.to(device)}
+        batch = {"input_ids": to_device(input_ids), "pad_mask": to_device(pad_mask)}
         if labels is not None:
-            batch["labels"] = torch.as_tensor(labels[rows]).to(device)
+            batch["labels"] = to_device(torch.as_tensor(labels[rows]))
         yield batch
 
 
@@ -95,14 +101,13 @@ def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractC
 
 
 def finetune(
-    head: SequenceHead,
-    ids: list[list[int]],
-    labels: np.ndarray,
-    cfg: FinetuneConfig,
-    on_step: Callable[[int, float, float], None] | None = None,
+    head: SequenceHead, ids: list[list[int]], labels: np.ndarray, cfg: FinetuneConfig
 ) -> list[float]:
     """Train `head` in place: AdamW (no decay on norms, biases, embeddings), warmup then linear decay,
-    gradient clipping. Returns the loss of every step; `on_step(step, loss, lr)` sees them as they come."""
+    gradient clipping. Returns the loss of every step.
+
+    No step reads a tensor on the host: the losses stay on the device and are read together every
+    READ_LOSSES_EVERY steps and at the end, where the first non-finite one stops the run with its step."""
     if len(ids) != len(labels) or not ids:
         raise ValueError(f"{len(ids)} encoded examples for {len(labels)} labels")
     device = next(head.parameters()).device
@@ -113,26 +118,38 @@ def finetune(
     lengths = np.array([len(row) for row in ids])
     head.train()
     losses: list[float] = []
+    pending: list[Tensor] = []  # the losses of the steps since the last read, on the device
+    step = 0
     for epoch in range(cfg.epochs):
         order = epoch_batches(lengths, cfg.seed, epoch, cfg.batch_size, cfg.group_by_length)
         for batch in padded_batches(ids, labels, order, device):
-            step = len(losses)
             torch.manual_seed(derived_seed(cfg.seed, DROPOUT_STREAM, step))
             with autocast(cfg.precision, device):
                 output = head(batch["input_ids"], batch["pad_mask"])
             loss = head.loss(output.float(), batch["labels"])
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(step, loss.item())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
-            lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
-            losses.append(float(loss.detach()))
-            if on_step is not None:
-                on_step(step, losses[-1], lr)
-    return losses
+            pending.append(loss.detach())
+            step += 1
+            if len(pending) == READ_LOSSES_EVERY:
+                losses += read_losses(pending, first_step=len(losses))
+    return losses + read_losses(pending, first_step=len(losses))
+
+
+def read_losses(pending: list[Tensor], first_step: int) -> list[float]:
+    """The device's losses in one transfer (emptying `pending`); a non-finite one is NonFiniteLoss."""
+    if not pending:
+        return []
+    values = torch.stack(pending).float().cpu()
+    pending.clear()
+    finite = torch.isfinite(values)
+    if not finite.all():
+        first = int((~finite).nonzero()[0])
+        raise NonFiniteLoss(first_step + first, float(values[first]))
+    return values.tolist()
 
 
 @torch.no_grad()

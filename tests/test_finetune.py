@@ -127,3 +127,34 @@ def test_a_diverging_loss_stops_with_the_step() -> None:
     targets = np.full(64, 1e30)  # squared error overflows float32
     with pytest.raises(NonFiniteLoss, match="loss became inf at step 0"):
         finetune(head("encoder", 1), ids, targets, recipe(epochs=1, batch_size=16))
+
+
+def test_the_losses_are_read_from_the_device_every_n_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host reads the losses in one transfer per READ_LOSSES_EVERY steps, not one per step; what it
+    reads is what a per-step read gave, and a loss that overflows is reported with its own step."""
+    import models.finetune as fine
+
+    reads = []
+
+    def counted(pending: list[torch.Tensor], first_step: int) -> list[float]:
+        reads.append((first_step, len(pending)))
+        return read(pending, first_step)
+
+    read = fine.read_losses
+    monkeypatch.setattr(fine, "READ_LOSSES_EVERY", 3)
+    monkeypatch.setattr(fine, "read_losses", counted)
+    ids, labels = keyword_task(112, seed=6)
+    losses = finetune(head("encoder", 2), ids, labels, recipe(epochs=1, batch_size=16))  # 7 steps
+    assert reads == [(0, 3), (3, 3), (6, 1)] and len(losses) == 7
+    monkeypatch.setattr(fine, "READ_LOSSES_EVERY", 1)  # a read per step, as before
+    assert finetune(head("encoder", 2), ids, labels, recipe(epochs=1, batch_size=16)) == losses
+
+    cfg = recipe(epochs=1, batch_size=16)
+    lengths = np.array([len(row) for row in ids])
+    fifth = fine.epoch_batches(lengths, cfg.seed, 0, cfg.batch_size, cfg.group_by_length)[4]
+    targets = np.full(112, 0.5)
+    targets[fifth] = 1e30  # the squared error of step 4's rows overflows float32
+    for every in (1, 50):
+        monkeypatch.setattr(fine, "READ_LOSSES_EVERY", every)
+        with pytest.raises(NonFiniteLoss, match="^the loss became inf at step 4$"):
+            finetune(head("encoder", 1), ids, targets, cfg)

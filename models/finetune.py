@@ -23,7 +23,7 @@ from torch import Tensor
 
 from models.finetune_data import pad_batch
 from models.heads import SequenceHead
-from models.objectives import NonFiniteLoss, derived_seed
+from models.objectives import derived_seed, read_losses
 from models.transformer import weight_decay_groups
 
 DROPOUT_STREAM = 2**42
@@ -135,21 +135,9 @@ def finetune(
             pending.append(loss.detach())
             step += 1
             if len(pending) == READ_LOSSES_EVERY:
-                losses += read_losses(pending, first_step=len(losses))
-    return losses + read_losses(pending, first_step=len(losses))
-
-
-def read_losses(pending: list[Tensor], first_step: int) -> list[float]:
-    """The device's losses in one transfer (emptying `pending`); a non-finite one is NonFiniteLoss."""
-    if not pending:
-        return []
-    values = torch.stack(pending).float().cpu()
-    pending.clear()
-    finite = torch.isfinite(values)
-    if not finite.all():
-        first = int((~finite).nonzero()[0])
-        raise NonFiniteLoss(first_step + first, float(values[first]))
-    return values.tolist()
+                losses += read_losses(pending, range(len(losses), step))
+                pending.clear()
+    return losses + read_losses(pending, range(len(losses), step))
 
 
 @torch.no_grad()

@@ -19,12 +19,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from models.config import ModelConfig, Objective
 from models.objectives import (
-    NonFiniteLoss,
     SpecialIds,
     batch_generator,
     causal_lm_batch,
     derived_seed,
     mask_tokens,
+    read_losses,
     span_corrupt,
     span_corruption_lengths,
 )
@@ -246,16 +246,10 @@ class PretrainModule(L.LightningModule):
     def _read_train_losses(self) -> None:
         """The losses since the last boundary into `history`, read in one transfer; the first that is
         not finite stops the run with its step (before a checkpoint could keep its weights)."""
-        if not self._train_losses:
-            return
-        steps = [step for step, _ in self._train_losses]
-        values = torch.stack([loss for _, loss in self._train_losses]).float().cpu()
+        steps, losses = [step for step, _ in self._train_losses], [loss for _, loss in self._train_losses]
         self._train_losses.clear()
-        finite = torch.isfinite(values)
-        if not finite.all():
-            first = int((~finite).nonzero()[0])
-            raise NonFiniteLoss(steps[first], float(values[first]))
-        self.history += [{"step": s, "train_loss": v} for s, v in zip(steps, values.tolist(), strict=True)]
+        values = read_losses(losses, steps)
+        self.history += [{"step": s, "train_loss": v} for s, v in zip(steps, values, strict=True)]
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         now, step = time.perf_counter(), self.global_step

@@ -7,6 +7,7 @@ sentinels in the inputs, the targets list each sentinel followed by its span.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,19 @@ class NonFiniteLoss(FloatingPointError):
     def __init__(self, step: int, value: float) -> None:
         super().__init__(f"the loss became {value} at step {step}")
         self.step, self.value = step, value
+
+
+def read_losses(losses: list[Tensor], steps: Sequence[int]) -> list[float]:
+    """The losses of `steps`, still on the device, read in one transfer (a training loop reads them
+    every so many steps, never one per step); the first that is not finite raises NonFiniteLoss."""
+    if not losses:
+        return []
+    values = torch.stack(losses).float().cpu()
+    finite = torch.isfinite(values)
+    if not finite.all():
+        first = int((~finite).nonzero()[0])
+        raise NonFiniteLoss(steps[first], float(values[first]))
+    return values.tolist()
 
 
 def derived_seed(*keys: int) -> int:

@@ -166,7 +166,7 @@ def ingest_unit(job: Job, unit: Unit) -> dict[str, int]:
                 yield f"{name}#{n}", text
 
     with atomic_dir(folder) as tmp:
-        counts["parts"] = write_source(tmp, job.name, docs(), counts)
+        write_source(tmp, job.name, docs(), counts)
         (tmp / "counts.json").write_text(json.dumps(counts))
     return dict(counts)
 
@@ -188,12 +188,11 @@ def ingest_files(
     results = shard_map(partial(ingest_unit, job), units, workers, scheduler, f"ingest@{job.name}")
     parts = 0
     for unit, unit_counts in zip(units, results, strict=True):
-        unit_parts = unit_counts.pop("parts")
         counts.update(unit_counts)
         meter.update(docs=unit_counts.get("documents", 0), nbytes=unit.nbytes)
-        for k in range(unit_parts):
+        for part in sorted(job.folder(unit).glob("part-*.parquet")):
             # a link, not a move: a run killed here still finds the unit whole in the work folder
-            part, target = job.folder(unit) / f"part-{k:05d}.parquet", out / f"part-{parts:05d}.parquet"
+            target = out / f"part-{parts:05d}.parquet"
             try:
                 os.link(part, target)
             except OSError:  # a file system without hard links

@@ -136,9 +136,9 @@ def test_the_losses_are_read_from_the_device_every_n_steps(monkeypatch: pytest.M
 
     reads = []
 
-    def counted(pending: list[torch.Tensor], first_step: int) -> list[float]:
-        reads.append((first_step, len(pending)))
-        return read(pending, first_step)
+    def counted(pending: list[torch.Tensor], steps: range) -> list[float]:
+        reads.append((steps.start, len(pending)))
+        return read(pending, steps)
 
     read = fine.read_losses
     monkeypatch.setattr(fine, "READ_LOSSES_EVERY", 3)

@@ -59,7 +59,18 @@ def child_env(parent_run_id: str, uri: str) -> dict[str, str]:
 
 
 def experiment_id(client: Any, name: str) -> str:
-    """The experiment `name` (created if missing), marked as model training."""
+    """The experiment `name` (created if missing), marked as model training. Concurrent sweep points race
+    to create or mark it: a write refused because another process made it first is tried once more,
+    after reading what that process wrote."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _marked_experiment(client, name)
+    except MlflowException:
+        return _marked_experiment(client, name)
+
+
+def _marked_experiment(client: Any, name: str) -> str:
     found = client.get_experiment_by_name(name)
     if found is None:
         return client.create_experiment(name, tags=EXPERIMENT_KIND)

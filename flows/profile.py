@@ -40,6 +40,7 @@ from stages.tracking import FlowTracking, child_env, flatten, git_commit
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 PLACEHOLDERS = ("corpus", "glue")
+AVAILABLE = "available"  # glue.tasks of a profile: every task its GLUE folder has
 # collections of named things: a profile's replace the workspace's (its corpus, not the sample too)
 REPLACED = ("ingest.sources", "hub")
 REPORTS = ("reports/glue.md", "reports/glue.csv", "reports/glue.png", "metrics/glue.json")
@@ -82,6 +83,7 @@ def overrides(name: str, corpus: str | None = None, glue: str | None = None) -> 
         if folder and not Path(folder).is_dir():
             raise PipelineError(f"--{key} {folder}: not a directory")
     tree = _fill(load(name), folders, name)
+    _resolve_glue_tasks(tree, name)
     replaced = []
     for dotted in REPLACED:
         *parents, last = dotted.split(".")
@@ -92,6 +94,40 @@ def overrides(name: str, corpus: str | None = None, glue: str | None = None) -> 
             replaced += [f"~{dotted}", f"++{dotted}={hydra_value(node.pop(last))}"]
     tree = {k: v for k, v in tree.items() if v != {}}  # a section that held only a replaced key
     return [*replaced, *(f"++{key}={hydra_value(value)}" for key, value in flatten(tree).items())]
+
+
+def _resolve_glue_tasks(tree: dict[str, Any], profile: str) -> None:
+    """`glue.tasks: available`: the GLUE tasks whose folders are in the profile's GLUE folder."""
+    from stages.glue import TASKS
+
+    glue = tree.get("glue") or {}
+    if glue.get("tasks") != AVAILABLE:
+        return
+    folder = Path(glue["path"])
+    glue["tasks"] = [name for name, task in TASKS.items() if (folder / task.folder).is_dir()]
+    if not glue["tasks"]:
+        folders = ", ".join(task.folder for task in TASKS.values())
+        raise PipelineError(f"profile '{profile}': {folder} has no GLUE task folder ({folders})")
+
+
+def gpu_needed(params: Params, profile: str) -> None:
+    """A profile that trains on a GPU stops here, in one line, on a machine without one."""
+    keys = [
+        key
+        for key, accelerator in [
+            ("pretrain.accelerator", params.pretrain.accelerator),
+            ("finetune.common.accelerator", params.finetune.common.accelerator),
+        ]
+        if accelerator == "gpu"
+    ]
+    if keys:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise PipelineError(
+                f"profile {profile} needs a GPU ({' and '.join(keys)} = gpu) and torch sees no CUDA "
+                "device here; on a CPU run the real-cpu profile"
+            )
 
 
 def applied(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> dict[str, Any]:
@@ -137,6 +173,7 @@ def run(
     given = [*overrides(profile, corpus, glue), *extra]
     given = [*pool_overrides(given), *given]
     params = validate(repo_dir, given, f"profile {profile}")
+    gpu_needed(params, profile)
 
     tracking = FlowTracking(repo_dir, params.tracking.experiment)
     parent = tracking.start(

@@ -117,9 +117,9 @@ class PackedBatches(IterableDataset):
             rows[j] = self._epoch_order[1][index % n_rows]
         return rows * length
 
-    def batch(self, step: int, worker: int) -> dict[str, Tensor]:
+    def batch(self, step: int) -> dict[str, Tensor]:
         tokens = self.tokens()
-        generator = batch_generator(self.cfg.seed, step, self.rank, worker)
+        generator = batch_generator(self.cfg.seed, step, self.rank)
         length = self.cfg.row_length()
         starts = self.offsets(step, generator, len(tokens))
         rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
@@ -130,7 +130,7 @@ class PackedBatches(IterableDataset):
         worker, n_workers = (info.id, info.num_workers) if info else (0, 1)
         # DataLoader takes items from its workers in turn, so the global order stays start, start+1, ...
         for step in range(self.start + worker, self.stop, n_workers):
-            yield self.batch(step, worker)
+            yield self.batch(step)
 
 
 def validation_batches(path: Path, dtype: str, cfg: TrainConfig, vocab_size: int) -> list[dict[str, Tensor]]:
@@ -150,12 +150,21 @@ def validation_batches(path: Path, dtype: str, cfg: TrainConfig, vocab_size: int
 
 
 class TokenDataModule(L.LightningDataModule):
+    """The packed tokens as batches: built by `num_workers` processes ahead of the step (0: in the
+    training process), in pinned memory when `pin_memory`, so that the copy to a GPU does not block."""
+
     def __init__(
-        self, tokens_dir: Path, cfg: TrainConfig, vocab_size: int, dtype: str, num_workers: int = 0
+        self,
+        tokens_dir: Path,
+        cfg: TrainConfig,
+        vocab_size: int,
+        dtype: str,
+        num_workers: int = 0,
+        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         self.tokens_dir, self.cfg, self.vocab_size, self.dtype = tokens_dir, cfg, vocab_size, dtype
-        self.num_workers = num_workers
+        self.num_workers, self.pin_memory = num_workers, pin_memory
 
     def train_dataloader(self) -> DataLoader:
         # called after a checkpoint is restored: start where the restored run stopped
@@ -172,7 +181,12 @@ class TokenDataModule(L.LightningDataModule):
             self.trainer.world_size,
         )
         return DataLoader(
-            data, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
+            data,
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+            prefetch_factor=4 if self.num_workers else None,  # batches ready ahead, per worker
         )
 
     def val_dataloader(self) -> DataLoader:
@@ -252,9 +266,13 @@ class PretrainModule(L.LightningModule):
         self.history += [{"step": s, "train_loss": v} for s, v in zip(steps, values, strict=True)]
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        now, step = time.perf_counter(), self.global_step
-        if step % self.trainer.log_every_n_steps == 0:
-            self._read_train_losses()
+        step = self.global_step
+        if step % self.trainer.log_every_n_steps:
+            return
+        # reading the losses waits for the device's queue to drain: the time since the last boundary is
+        # the time the device took for those steps (a host clock per step would time the CPU's queueing)
+        self._read_train_losses()
+        now = time.perf_counter()
         if self._last_log is not None and step > self._last_log[1]:
             elapsed = now - self._last_log[0]
             micro_batches = (step - self._last_log[1]) * self.cfg.accumulate

@@ -304,7 +304,9 @@ class PretrainParams(Strict):
     beta2: float = Field(0.98, ge=0, lt=1)
     grad_clip: float = Field(1.0, ge=0, description="0 = no clipping")
     sampling: Literal["random", "epoch"] = "random"
-    num_workers: int = Field(0, ge=0)
+    num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="DataLoader workers; auto: up to 4 per GPU, none on the CPU"
+    )
     val_every: int = Field(50, ge=1)
     val_batches: int = Field(4, ge=1)
     checkpoint_every: int = Field(100, ge=1)

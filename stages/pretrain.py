@@ -129,11 +129,23 @@ def step_budget(name: str, params: Params, run: PretrainParams, flops_per_step: 
     return steps
 
 
+def loader_workers(num_workers: int | str, on_gpu: bool, devices: int) -> int:
+    """`pretrain.num_workers`; "auto": up to 4 per GPU process from its share of the cores, and none on
+    the CPU, where a worker only takes cores from the step."""
+    if num_workers != "auto":
+        return int(num_workers)
+    if not on_gpu:
+        return 0
+    return min(4, max(1, len(os.sched_getaffinity(0)) // devices))
+
+
 def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: Any) -> Any:
     """Lightning's Trainer as params.yaml `pretrain` asks, checkpointing into `resume_dir`."""
     import lightning as L
-    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 
+    # in a terminal, a bar that reads the loss (a wait for the GPU) at the log steps, not at every step
+    bar = [TQDMProgressBar(refresh_rate=run.log_every)] if os.isatty(2) else []
     return L.Trainer(
         max_steps=max_steps,
         max_time=timedelta(minutes=run.max_minutes) if run.max_minutes else None,
@@ -149,7 +161,7 @@ def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: A
         log_every_n_steps=run.log_every,
         logger=logger,
         enable_model_summary=False,
-        enable_progress_bar=None if os.isatty(2) else False,
+        enable_progress_bar=bool(bar),
         callbacks=[
             ModelCheckpoint(
                 dirpath=resume_dir,
@@ -160,6 +172,7 @@ def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: A
                 auto_insert_metric_name=False,
             ),
             LearningRateMonitor(logging_interval="step"),
+            *bar,
         ],
     )
 
@@ -205,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     from models.lightning import PretrainModule, TokenDataModule
     from models.objectives import NonFiniteLoss
 
+    if run.accelerator == "gpu" and not torch.cuda.is_available():
+        raise StageError("params.yaml: pretrain.accelerator=gpu: no CUDA device is visible")
+
     # compute: one micro-batch's FLOPs, counted on the meta device; a FLOPs budget becomes steps
     flops = (count_step_flops(model_cfg, train_cfg), estimate_step_flops(model_cfg, train_cfg))
     micro_batches = run.accumulate * world_size(run)
@@ -216,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # resume: a checkpoint of the very same run, if an interrupted one left it
     resume_dir = resume_checkpoints(name)
-    shaping = (model_cfg.to_dict(), train_cfg.__dict__, run.model_dump(exclude={"max_minutes"}))
+    unshaping = {"max_minutes", "num_workers"}  # a wall-clock guard; which processes build the batches
+    shaping = (model_cfg.to_dict(), train_cfg.__dict__, run.model_dump(exclude=unshaping))
     run_fingerprint = fingerprint(*shaping, meta["tokenizer_sha256"], meta["train"])
     ckpt = prepare_resume(resume_dir, run_fingerprint, rank_zero_only.rank == 0)
 
@@ -234,13 +251,17 @@ def main(argv: list[str] | None = None) -> None:
     # model, data, trainer
     torch.manual_seed(params.seed)
     module = PretrainModule(model_cfg.to_dict(), train_cfg.__dict__, compile=run.compile)
-    data = TokenDataModule(TOKENS, train_cfg, meta["vocab_size"], meta["dtype"], run.num_workers)
     trainer = trainer_for(run, train_cfg.max_steps, resume_dir, logger)
+    on_gpu = trainer.strategy.root_device.type == "cuda"
+    if on_gpu:
+        torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32
+    workers = loader_workers(run.num_workers, on_gpu, trainer.num_devices)
+    data = TokenDataModule(TOKENS, train_cfg, meta["vocab_size"], meta["dtype"], workers, pin_memory=on_gpu)
     if trainer.world_size * run.accumulate != micro_batches:
         processes = f"{trainer.world_size} processes, not {world_size(run)}"
         raise StageError(f"pretrain@{name}: Lightning trains on {processes}")
     module.step_flops = flops[0]
-    if trainer.strategy.root_device.type == "cuda":
+    if on_gpu:
         device = torch.cuda.get_device_name(trainer.strategy.root_device)
         module.peak_flops = peak_flops(device)
         if module.peak_flops is None:

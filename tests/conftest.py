@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -127,8 +128,20 @@ def real_pipeline(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) ->
 
 
 @pytest.fixture(scope="session")
-def reproduced_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The CI-sized project, reproduced once per session: never changed; tests take a `copy_project`."""
+def reproduced_template(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The CI-sized project, reproduced once per session (by the first pytest-xdist worker that needs
+    it, the others wait for it): never changed; tests take a `copy_project`."""
+    from filelock import FileLock
+
     from tests.project import reproduce_template
 
-    return reproduce_template(tmp_path_factory.mktemp("reproduced") / "project")
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent  # the directory of the workers' base temps
+    project, done = shared / "reproduced" / "project", shared / "reproduced.done"
+    with FileLock(shared / "reproduced.lock"):
+        if not done.exists():
+            shutil.rmtree(project.parent, ignore_errors=True)
+            reproduce_template(project)
+            done.touch()
+    return project

@@ -122,6 +122,7 @@ def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
     from flows import profile as profiles
     from flows.scaling import LADDER, ladder_points
 
+    (tmp_path / "SST-2").mkdir()  # a GLUE folder with a task in it
     for name in profiles.available():
         on_profile = profiles.overrides(name, str(tmp_path), str(tmp_path))
         params = profiles.applied(ROOT, on_profile, name)

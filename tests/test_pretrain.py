@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
+from torch.utils.data import DataLoader
 
 from models.transformer import load_pretrained
 from stages.params import ObjectivesParams, PretrainParams
@@ -83,10 +85,15 @@ def logged_losses(tmp: Path) -> list[tuple[int, float]]:
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_sigkilled_run_resumes_to_identical_weights(tmp_path: Path) -> None:
-    settings = {"max_steps": 40, "checkpoint_every": 20, "val_every": 20, "log_every": 1, "warmup_steps": 5}
-    straight = dvc_repo(tmp_path / "straight", settings)
+    """Killed after step 15 and resumed there, with its batches built by two DataLoader workers: the
+    same weights and losses as a run straight through that built them in the training process."""
+    settings = {"max_steps": 40, "checkpoint_every": 15, "val_every": 20, "log_every": 1, "warmup_steps": 5}
+    straight = dvc_repo(tmp_path / "straight", settings | {"num_workers": 0})
     sh(straight, "dvc", "repro", "pack", MLFLOW_TRACKING_URI=None)  # the project's store: <repo>/mlflow.db
     killed = Path(shutil.copytree(straight, tmp_path / "killed", symlinks=True))  # the same data, once
+    params = yaml.safe_load((killed / "params.yaml").read_text())
+    params["pretrain"]["num_workers"] = 2  # an odd step to resume at: worker 0 then builds what worker 1 did
+    (killed / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh(straight, "dvc", "repro", TARGET, MLFLOW_TRACKING_URI=None)
 
     process = subprocess.Popen(
@@ -97,7 +104,7 @@ def test_sigkilled_run_resumes_to_identical_weights(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    checkpoint = killed / "checkpoints/decoder_clm/resume/step20.ckpt"
+    checkpoint = killed / "checkpoints/decoder_clm/resume/step15.ckpt"
     deadline = time.monotonic() + 300
     while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -225,6 +232,11 @@ def test_batches_are_a_function_of_the_step(tmp_path: Path, sampling: str) -> No
     resumed = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, start=20, stop=32))
     for a, b in zip(whole[20:], resumed, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"])
+    # built by two DataLoader workers, resumed at an odd step: the same batches (the same random draws)
+    resumed_by_workers = PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, start=21, stop=32)
+    loader = DataLoader(resumed_by_workers, batch_size=None, num_workers=2)
+    for a, b in zip(whole[21:], loader, strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
     other_rank = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, 0, 32, rank=1, world_size=2))
     assert not torch.equal(whole[0]["input_ids"], other_rank[0]["input_ids"])
     if sampling == "epoch":  # 16 steps of 4 rows visit each of the 64 rows once per epoch

@@ -22,8 +22,6 @@ from tests.project import sh, tiny_project
 CI_SIZE = [
     "~models.decoder_clm",
     "~models.encdec_span",
-    "~pretrain.models.decoder_clm",
-    "~pretrain.models.encdec_span",
     "++models.encoder_mlm.preset=tiny",
     "++tokenizer.vocab_size=2000",
     "++pretrain.max_steps=20",
@@ -39,17 +37,48 @@ CI_SIZE = [
 ]
 
 
-def test_every_profile_is_valid_params() -> None:
-    assert "real-cpu" in profile.available()
+# the GPU profile's settings a CPU can run, besides CI_SIZE
+ON_THE_CPU = ["++pretrain.accelerator=cpu", "++pretrain.compile=false", "++finetune.common.accelerator=cpu"]
+ON_THE_CPU += ["++pretrain.seq_len=64", "++pretrain.batch_size=16", "++pretrain.accumulate=1"]
+ON_THE_CPU += ["~pretrain.max_flops", "++finetune.common.eval_batch_size=128"]
+
+
+def glue_folders(path: Path, *folders: str) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for folder in folders:
+        (path / folder).mkdir(parents=True)
+    return path
+
+
+def test_every_profile_is_valid_params_on_any_machine(tmp_path: Path) -> None:
+    assert {"real-cpu", "real-gpu"} <= set(profile.available())
+    glue = glue_folders(tmp_path, "CoLA", "RTE", "WNLI")
     for name in profile.available():
-        overrides = profile.overrides(name, corpus=str(ROOT), glue=str(ROOT))
+        overrides = profile.overrides(name, corpus=str(ROOT), glue=str(glue))
         params = profile.validate(ROOT, overrides, f"profile {name}")
         assert not params.glue.synthetic
+    assert params.glue.tasks == ["cola", "rte", "wnli"]  # real-gpu's: every task the folder has
+    assert {params.models[name].preset for name in params.models} == {"bert-base", "gpt1", "t5-base"}
+    assert params.pretrain.compile and params.pretrain.precision == "bf16-mixed"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_the_gpu_profile_says_in_one_line_that_it_needs_a_gpu(tmp_path: Path) -> None:
+    glue = glue_folders(tmp_path / "glue", "SST-2")
+    command = ["-m", "flows.profile", "real-gpu", "--corpus", str(tmp_path), "--glue", str(glue)]
+    result = sh(ROOT, sys.executable, *command, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: profile real-gpu needs a GPU (pretrain.accelerator and finetune.common.accelerator = gpu) "
+        "and torch sees no CUDA device here; on a CPU run the real-cpu profile"
+    )
+    with pytest.raises(PipelineError, match=r"profile 'real-gpu': .* has no GLUE task folder \(CoLA, SST-2"):
+        profile.overrides("real-gpu", str(tmp_path), str(glue_folders(tmp_path / "empty")))
 
 
 def test_profile_input_errors_are_one_line(tmp_path: Path) -> None:
-    with pytest.raises(PipelineError, match="profile 'real-gpu' is unknown"):
-        profile.overrides("real-gpu")
+    with pytest.raises(PipelineError, match="profile 'nope' is unknown"):
+        profile.overrides("nope")
     with pytest.raises(PipelineError, match="profile 'real-cpu' reads corpus data: give --corpus"):
         profile.overrides("real-cpu", glue=str(tmp_path))
     with pytest.raises(PipelineError, match="--glue .*/missing: not a directory"):
@@ -65,12 +94,13 @@ def test_profile_input_errors_are_one_line(tmp_path: Path) -> None:
 def test_real_profile_runs_the_graph_as_one_experiment_with_verdicts(
     tmp_path: Path, corpus_dir: Path, glue_dir: Path
 ) -> None:
+    """The GPU profile at CI size on the CPU (the real-cpu profile runs through the same code)."""
     project = tiny_project(tmp_path / "project")
     default_params = (project / "params.yaml").read_text()
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    command = [sys.executable, "-m", "flows.profile", "real-cpu", "--repo", str(project), "--name", "real-ci"]
+    command = [sys.executable, "-m", "flows.profile", "real-gpu", "--repo", str(project), "--name", "real-ci"]
     command += ["--corpus", str(corpus_dir), "--glue", str(glue_dir)]
-    for override in CI_SIZE:
+    for override in [*ON_THE_CPU, *CI_SIZE]:
         command += ["-S", override]
     result = sh(project, *command, MLFLOW_TRACKING_URI=store)
     assert "GLUE report:" in result.stdout and "| encoder_mlm (encoder, mlm) | pretrained |" in result.stdout

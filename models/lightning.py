@@ -1,5 +1,6 @@
-"""Lightning module and data for pretraining: batches are a pure function of (seed, micro-step, rank,
-worker), so a resumed run sees exactly the batches and masks it would have seen."""
+"""Lightning module and data for pretraining: a batch is a pure function of the seed and its index
+across processes, so a resumed run sees exactly the batches and masks it would have seen, whichever
+DataLoader worker builds them, and DDP over W processes sees one process's W accumulated micro-batches."""
 
 from __future__ import annotations
 
@@ -103,12 +104,12 @@ class PackedBatches(IterableDataset):
     def tokens(self) -> np.ndarray:
         return np.memmap(self.path, dtype=self.dtype, mode="r")
 
-    def offsets(self, step: int, generator: torch.Generator, n_tokens: int) -> np.ndarray:
+    def offsets(self, index: int, generator: torch.Generator, n_tokens: int) -> np.ndarray:
         length, batch = self.cfg.row_length(), self.cfg.batch_size
         if self.cfg.sampling == "random":
             return torch.randint(0, n_tokens - length + 1, (batch,), generator=generator).numpy()
         n_rows = n_tokens // length
-        first = (step * self.world_size + self.rank) * batch
+        first = index * batch
         rows = np.empty(batch, dtype=np.int64)
         for j, index in enumerate(range(first, first + batch)):
             epoch = index // n_rows
@@ -118,10 +119,12 @@ class PackedBatches(IterableDataset):
         return rows * length
 
     def batch(self, step: int) -> dict[str, Tensor]:
+        """This rank's micro-batch of micro-step `step`."""
         tokens = self.tokens()
-        generator = batch_generator(self.cfg.seed, step, self.rank)
+        index = step * self.world_size + self.rank  # across processes: see batch_generator
+        generator = batch_generator(self.cfg.seed, index)
         length = self.cfg.row_length()
-        starts = self.offsets(step, generator, len(tokens))
+        starts = self.offsets(index, generator, len(tokens))
         rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
         return make_batch(rows, self.cfg, generator, self.vocab_size)
 

@@ -67,11 +67,11 @@ def derived_seed(*keys: int) -> int:
     return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def batch_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
-    """The RNG of one batch: the same (seed, step, rank) always gives the same masks, whichever
-    DataLoader worker builds it, so that any number of workers and a resume at any step give the same
-    batches; ranks never share a stream."""
-    return torch.Generator().manual_seed(derived_seed(seed, step, rank))
+def batch_generator(seed: int, index: int) -> torch.Generator:
+    """The RNG of one micro-batch by its index across processes (micro-step × processes + rank): the
+    same masks whichever DataLoader worker builds it (any number of workers, a resume at any step), and
+    W processes see the micro-batches that one process accumulating W of them would."""
+    return torch.Generator().manual_seed(derived_seed(seed, index))
 
 
 @dataclass

@@ -313,7 +313,8 @@ class PretrainParams(Strict):
     log_every: int = Field(10, ge=1)
     precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
     accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
-    devices: int | Literal["auto"] = 1
+    devices: int | Literal["auto"] = Field(1, description="processes (GPUs) per node")
+    num_nodes: int = Field(1, ge=1, description="nodes of a torchrun or SLURM launch (Lightning's)")
     strategy: Literal["auto", "ddp", "fsdp"] = "auto"
     compile: bool = False
     models: dict[str, dict[str, Any]] = Field(
@@ -326,6 +327,9 @@ class PretrainParams(Strict):
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be <= max_steps ({self.max_steps})")
         if self.precision == "16-mixed" and self.accelerator == "cpu":
             raise ValueError("precision 16-mixed needs a GPU; use bf16-mixed on the CPU")
+        if self.strategy == "fsdp" and self.accelerator == "cpu":
+            # Lightning refuses FSDP without CUDA: said here, before a run starts
+            raise ValueError("strategy fsdp needs a GPU; use ddp on the CPU")
         return self
 
 

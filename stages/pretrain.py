@@ -74,13 +74,19 @@ def prepare_resume(resume_dir: Path, run_fingerprint: str, is_rank_zero: bool) -
     return last if last.exists() else None
 
 
-def export(module: Any, out: Path, extra: dict[str, Any]) -> None:
+def export(model_cfg: Any, state: dict[str, Any], out: Path, extra: dict[str, Any]) -> None:
+    """The model's weights from the Lightning module's whole `state` (gathered from every process under
+    FSDP) and its config, as later stages load them."""
     from safetensors.torch import save_model
 
+    from models.transformer import Transformer
+
+    model = Transformer(model_cfg)
+    model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()})
     with atomic_dir(out) as tmp:
-        save_model(module.model, str(tmp / "model.safetensors"))  # save_model stores tied weights once
+        save_model(model, str(tmp / "model.safetensors"))  # save_model stores tied weights once
         (tmp / "model.safetensors").chmod(0o644)
-        write_json(tmp / "config.json", {"model": module.model_cfg.to_dict(), **extra})
+        write_json(tmp / "config.json", {"model": model_cfg.to_dict(), **extra})
 
 
 def write_curve(path: Path, history: list[dict[str, float]]) -> None:
@@ -95,13 +101,13 @@ def write_curve(path: Path, history: list[dict[str, float]]) -> None:
 
 
 def world_size(run: PretrainParams) -> int:
-    """The processes that will train (on one node): a FLOPs budget is spent by all of them."""
+    """The processes that will train, on every node: a FLOPs budget is spent by all of them."""
     if isinstance(run.devices, int):
-        return run.devices
+        return run.devices * run.num_nodes
     import torch
 
     gpus = run.accelerator in ("gpu", "auto") and torch.cuda.is_available()
-    return torch.cuda.device_count() if gpus else 1
+    return (torch.cuda.device_count() if gpus else 1) * run.num_nodes
 
 
 def planned_train_flops(params: Params, name: str, vocab_size: int) -> int:
@@ -151,6 +157,7 @@ def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: A
         max_time=timedelta(minutes=run.max_minutes) if run.max_minutes else None,
         accelerator=run.accelerator,
         devices=run.devices,
+        num_nodes=run.num_nodes,
         strategy=run.strategy,
         precision=run.precision,
         accumulate_grad_batches=run.accumulate,
@@ -288,12 +295,13 @@ def main(argv: list[str] | None = None) -> None:
     trainer.save_checkpoint(resume_dir / "last.ckpt")
     trainer.validate(module, datamodule=data, verbose=False)
     summary = summarise(trainer, module, run, variant.objective, flops)
+    state = trainer.strategy.lightning_module_state_dict()  # on every process: FSDP gathers its shards
 
     # outputs: the weights later stages load, the metrics and the loss curve
     if trainer.is_global_zero:
         provenance = {"name": name, "objective": variant.objective, "steps": summary["steps"]}
         provenance |= {"tokenizer_sha256": meta["tokenizer_sha256"], "synthetic": meta["synthetic"]}
-        export(module, final_checkpoint(name), provenance)
+        export(model_cfg, state, final_checkpoint(name), provenance)
         # fine-tunes find this run by the digest of the weights they load (no run id in the outputs)
         weights = final_checkpoint(name) / "model.safetensors"
         logger.experiment.set_tag(logger.run_id, WEIGHTS_TAG, sha256_file(weights))

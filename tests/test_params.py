@@ -143,3 +143,14 @@ def test_bad_pretrain_values_of_a_model_name_the_dotted_key(overrides: dict, exp
         parse_params(raw)
     assert "\n" not in str(info.value)
     assert expected in str(info.value)
+
+
+def test_fsdp_on_the_cpu_is_refused_before_a_run_starts() -> None:
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["pretrain"].update(strategy="fsdp", devices=2, accelerator="cpu")
+    with pytest.raises(StageError, match=r"^params.yaml: pretrain: .*strategy fsdp needs a GPU; use ddp"):
+        parse_params(raw)
+    raw["pretrain"]["accelerator"] = "gpu"  # valid params on any machine; the stage needs the GPU
+    assert parse_params(raw).pretrain.strategy == "fsdp"

@@ -3,6 +3,7 @@ model, and the failures a user can cause."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader
 from models.transformer import load_pretrained
 from stages.params import ObjectivesParams, PretrainParams
 from stages.pretrain import train_config
-from tests.conftest import ROOT, Workdir
+from tests.conftest import DEFAULT_PARAMS, ROOT, Workdir
 from tests.pipeline_helpers import run_stages
 from tests.project import command_env, make_project, sh
 
@@ -194,30 +195,47 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pip
     assert all(math.isfinite(entry["train_loss"]) for entry in saved["loss_history"])
 
 
+def pretrain_runs(name: str) -> int:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(DEFAULT_PARAMS["tracking"]["experiment"])
+    filter_string = f"tags.stage = 'pretrain' and tags.model = '{name}'"
+    return len(client.search_runs([experiment.experiment_id], filter_string)) if experiment else 0
+
+
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
-def test_ddp_on_two_cpu_processes_with_bf16(sample_pipeline: Workdir) -> None:
-    """The GPU settings on the CPU: two DDP processes (gloo), bf16 autocast; one export, one MLflow run."""
+def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(sample_pipeline: Workdir) -> None:
+    """The GPU settings on the CPU: two DDP processes (gloo) with bf16 autocast train as one process
+    accumulating their two micro-batches; rank 0 alone writes the outputs and the MLflow run."""
     sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
-    with sample_pipeline.changed(
-        {
-            "pretrain.max_steps": 10,
-            "pretrain.warmup_steps": 0,
-            "pretrain.val_every": 5,
-            "pretrain.checkpoint_every": 5,
-            "pretrain.strategy": "ddp",
-            "pretrain.devices": 2,
-            "pretrain.precision": "bf16-mixed",
-        }
-    ):
+    path, runs = sample_pipeline.path, pretrain_runs("decoder_clm")
+    ten_steps = {"pretrain.max_steps": 10, "pretrain.warmup_steps": 0, "pretrain.val_every": 5}
+    ten_steps |= {"pretrain.checkpoint_every": 5, "pretrain.precision": "bf16-mixed"}
+    with sample_pipeline.changed(ten_steps | {"pretrain.strategy": "ddp", "pretrain.devices": 2}):
         result = sample_pipeline.run("pretrain", "decoder_clm")
-        micro_batch = micro_batch_flops(sample_pipeline.path, "decoder_clm")
+        micro_batch = micro_batch_flops(path, "decoder_clm")
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((sample_pipeline.path / "metrics/pretrain/decoder_clm.json").read_text())
-    assert summary["steps"] == 10 and summary["tokens_seen"] == 10 * 16 * 128 * 2
-    assert summary["flops_per_step"] == 2 * micro_batch  # a step is both processes' micro-batches
-    assert math.isfinite(summary["val_loss"])
-    model, config = load_pretrained(sample_pipeline.path / "checkpoints/decoder_clm/final")
+    ddp = json.loads((path / "metrics/pretrain/decoder_clm.json").read_text())
+    assert ddp["steps"] == 10 and ddp["tokens_seen"] == 10 * 16 * 128 * 2
+    assert ddp["flops_per_step"] == 2 * micro_batch  # a step is both processes' micro-batches
+    assert pretrain_runs("decoder_clm") == runs + 1
+    model, config = load_pretrained(path / "checkpoints/decoder_clm/final")
     assert config["steps"] == 10
+    ddp_weights = load_file(path / "checkpoints/decoder_clm/final/model.safetensors")
+
+    with sample_pipeline.changed(ten_steps | {"pretrain.accumulate": 2}):
+        run_stages(sample_pipeline, "pretrain", "decoder_clm")
+    one = json.loads((path / "metrics/pretrain/decoder_clm.json").read_text())
+    assert (one["tokens_seen"], one["flops_per_step"]) == (ddp["tokens_seen"], ddp["flops_per_step"])
+    assert one["val_loss"] == pytest.approx(ddp["val_loss"], rel=1e-3)
+    one_weights = load_file(path / "checkpoints/decoder_clm/final/model.safetensors")
+    # the same updates up to the order of the gradients' sums, which Adam amplifies where a gradient is
+    # pure rounding (the attention keys' bias), so the weights are compared as a whole
+    assert one_weights.keys() == ddp_weights.keys()
+    difference = torch.cat([(ddp_weights[key] - value).flatten() for key, value in one_weights.items()])
+    norm = torch.cat([value.flatten() for value in one_weights.values()]).norm()
+    assert difference.norm() / norm < 1e-3, float(difference.norm() / norm)
 
 
 @pytest.mark.parametrize("sampling", ["random", "epoch"])
@@ -237,8 +255,12 @@ def test_batches_are_a_function_of_the_step(tmp_path: Path, sampling: str) -> No
     loader = DataLoader(resumed_by_workers, batch_size=None, num_workers=2)
     for a, b in zip(whole[21:], loader, strict=True):
         assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
-    other_rank = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, 0, 32, rank=1, world_size=2))
-    assert not torch.equal(whole[0]["input_ids"], other_rank[0]["input_ids"])
+    # two processes' micro-step m is one process's micro-steps 2m and 2m + 1: the same global batch
+    path = tmp_path / "train.bin"
+    ranks = [list(PackedBatches(path, "uint16", cfg, 2000, 0, 16, rank, world_size=2)) for rank in (0, 1)]
+    for step, rank in itertools.product(range(16), (0, 1)):
+        assert torch.equal(ranks[rank][step]["input_ids"], whole[2 * step + rank]["input_ids"])
+    assert not torch.equal(ranks[0][0]["input_ids"], ranks[1][0]["input_ids"])
     if sampling == "epoch":  # 16 steps of 4 rows visit each of the 64 rows once per epoch
         firsts = [int(row[0]) for batch in whole[:16] for row in batch["input_ids"]]
         assert sorted(firsts) == [107 + 9 * r for r in range(64)]

@@ -84,30 +84,34 @@ def batch_on(train: TrainConfig, device: torch.device) -> dict[str, torch.Tensor
     return {key: value.to(device) for key, value in make_batch(rows, train, generator, VOCAB).items()}
 
 
-def optimizer_for(parameters) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(parameters, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, fused=True)
-
-
-def autocast(device: torch.device, precision: str):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
-
-
-def ours(model: ModelConfig, train: TrainConfig, batch: dict, device: torch.device, precision: str,
-         compiled: bool) -> Step:
-    module = PretrainModule(model.to_dict(), train.__dict__).to(device)
-    if compiled:
-        module.model.compile()  # as pretrain's configure_model does
-    optimizer = optimizer_for(module.parameters())
+def training_step(
+    loss_of: Callable[[], torch.Tensor], parameters, device: torch.device, precision: str
+) -> Step:
+    """One step of forward (`loss_of`, under autocast), backward and fused AdamW: the same for both sides."""
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4, betas=(0.9, 0.98), weight_decay=0.01, fused=True)
 
     def step() -> torch.Tensor:
         with autocast(device, precision):
-            loss, _, _ = module.loss(batch)
+            loss = loss_of()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
     return step
+
+
+def autocast(device: torch.device, precision: str):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
+
+
+def ours(
+    model: ModelConfig, train: TrainConfig, batch: dict, device: torch.device, precision: str, compiled: bool
+) -> Step:
+    module = PretrainModule(model.to_dict(), train.__dict__).to(device)
+    if compiled:
+        module.model.compile()  # as pretrain's configure_model does
+    return training_step(lambda: module.loss(batch)[0], module.parameters(), device, precision)
 
 
 def reference_model(model: ModelConfig):
@@ -167,7 +171,6 @@ def reference(
     attention = net.config._attn_implementation
     if compiled:
         net.compile()
-    optimizer = optimizer_for(net.parameters())
     ids = batch["input_ids"]
     if model.arch == "encoder":  # the same selected positions as ours, as -100-padded labels
         labels = torch.full(ids.shape, -100, dtype=torch.long, device=device)
@@ -177,15 +180,10 @@ def reference(
     else:
         labels = batch["labels"]
 
-    def step() -> torch.Tensor:
-        with autocast(device, precision):
-            loss = net(input_ids=ids, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+    def loss() -> torch.Tensor:
+        return net(input_ids=ids, labels=labels).loss
 
-    return step, attention
+    return training_step(loss, net.parameters(), device, precision), attention
 
 
 def synchronize(device: torch.device) -> None:

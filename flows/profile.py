@@ -112,14 +112,11 @@ def _resolve_glue_tasks(tree: dict[str, Any], profile: str) -> None:
 
 def gpu_needed(params: Params, profile: str) -> None:
     """A profile that trains on a GPU stops here, in one line, on a machine without one."""
-    keys = [
-        key
-        for key, accelerator in [
-            ("pretrain.accelerator", params.pretrain.accelerator),
-            ("finetune.common.accelerator", params.finetune.common.accelerator),
-        ]
-        if accelerator == "gpu"
-    ]
+    accelerators = {
+        "pretrain.accelerator": params.pretrain.accelerator,
+        "finetune.common.accelerator": params.finetune.common.accelerator,
+    }
+    keys = [key for key, accelerator in accelerators.items() if accelerator == "gpu"]
     if keys:
         import torch
 

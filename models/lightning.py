@@ -219,7 +219,8 @@ class PretrainModule(L.LightningModule):
         self.special = SpecialIds()
         self.history: list[dict[str, float]] = []
         self._train_losses: list[tuple[int, Tensor]] = []  # on the device until the next log boundary
-        self._last_log: tuple[float, int] | None = None
+        self._last_log: tuple[float, int] | None = None  # the clock and step of the last boundary
+        self._ended_step = 0  # global_step at the end of the last micro-batch
         self.step_flops: int | None = None  # one micro-batch's FLOPs (models.flops), set by the stage
         self.peak_flops: float | None = None  # the device's bf16 peak, when known: MFU
 
@@ -255,28 +256,37 @@ class PretrainModule(L.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         # nothing here reads a tensor on the host: the CPU queues the next steps while the GPU works
         loss, correct, count = self.loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self._train_losses.append((self.global_step, loss.detach()))
+        self._train_losses.append((self.global_step, loss.detach()))  # logged per step, below
         self.log(f"train/{self.cfg.objective}_accuracy", correct / count)
         return loss
 
+    def _step_loss(self, step: int) -> Tensor:
+        """The mean loss of the step's micro-batches, on the device."""
+        return torch.stack([loss for s, loss in self._train_losses if s == step]).mean()
+
     def _read_train_losses(self) -> None:
-        """The losses since the last boundary into `history`, read in one transfer; the first that is
-        not finite stops the run with its step (before a checkpoint could keep its weights)."""
-        steps, losses = [step for step, _ in self._train_losses], [loss for _, loss in self._train_losses]
+        """The step losses since the last boundary into `history`, read in one transfer; the first that
+        is not finite stops the run with its step (before a checkpoint could keep its weights). Every
+        process reads at the same boundaries: a step's loss is the mean over all their micro-batches."""
+        steps = sorted({step for step, _ in self._train_losses})
+        losses = [self._step_loss(step) for step in steps]
         self._train_losses.clear()
+        if losses and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            losses = list(self.all_gather(torch.stack(losses)).mean(0))
         values = read_losses(losses, steps)
         self.history += [{"step": s, "train_loss": v} for s, v in zip(steps, values, strict=True)]
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        step = self.global_step
-        if step % self.trainer.log_every_n_steps:
+        # a boundary: the end of an optimizer step (not of a micro-batch within one) at a log step
+        step, previous = self.global_step, self._ended_step
+        self._ended_step = step
+        if step == previous or step % self.trainer.log_every_n_steps:
             return
         # reading the losses waits for the device's queue to drain: the time since the last boundary is
         # the time the device took for those steps (a host clock per step would time the CPU's queueing)
         self._read_train_losses()
         now = time.perf_counter()
-        if self._last_log is not None and step > self._last_log[1]:
+        if self._last_log is not None:
             elapsed = now - self._last_log[0]
             micro_batches = (step - self._last_log[1]) * self.cfg.accumulate
             tokens = micro_batches * batch["input_ids"].numel()
@@ -287,6 +297,9 @@ class PretrainModule(L.LightningModule):
                 if self.peak_flops:
                     self.log("train/mfu", flops_per_s / self.peak_flops)
         self._last_log = (now, step)
+
+    def on_train_start(self) -> None:
+        self._ended_step = self.global_step  # a resumed run's, restored
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._read_train_losses()
@@ -299,6 +312,8 @@ class PretrainModule(L.LightningModule):
         self._read_train_losses()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # once per step, after its micro-batches' backward passes: their mean, as the curve has it
+        self.log("train/loss", self._step_loss(self.global_step), prog_bar=True, sync_dist=True)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads, 2.0))  # on the device
 

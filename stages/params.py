@@ -328,7 +328,7 @@ class PretrainParams(Strict):
         if self.precision == "16-mixed" and self.accelerator == "cpu":
             raise ValueError("precision 16-mixed needs a GPU; use bf16-mixed on the CPU")
         if self.strategy == "fsdp" and self.accelerator == "cpu":
-            # Lightning refuses FSDP without CUDA: said here, before a run starts
+            # PyTorch's FSDP needs an accelerator (and Lightning CUDA): said here, before a run starts
             raise ValueError("strategy fsdp needs a GPU; use ddp on the CPU")
         return self
 

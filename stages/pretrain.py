@@ -145,6 +145,18 @@ def loader_workers(num_workers: int | str, on_gpu: bool, devices: int) -> int:
     return min(4, max(1, len(os.sched_getaffinity(0)) // devices))
 
 
+def strategy_for(strategy: str) -> Any:
+    """`pretrain.strategy` as Lightning takes it; fsdp shards each transformer block as its own unit, so
+    that one block's weights at a time are gathered whole, not the whole model's."""
+    if strategy != "fsdp":
+        return strategy
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from models.transformer import Block
+
+    return FSDPStrategy(auto_wrap_policy={Block})
+
+
 def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: Any) -> Any:
     """Lightning's Trainer as params.yaml `pretrain` asks, checkpointing into `resume_dir`."""
     import lightning as L
@@ -158,7 +170,7 @@ def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: A
         accelerator=run.accelerator,
         devices=run.devices,
         num_nodes=run.num_nodes,
-        strategy=run.strategy,
+        strategy=strategy_for(run.strategy),
         precision=run.precision,
         accumulate_grad_batches=run.accumulate,
         gradient_clip_val=run.grad_clip or None,

@@ -3,6 +3,7 @@ model, and the failures a user can cause."""
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import math
@@ -206,36 +207,72 @@ def pretrain_runs(name: str) -> int:
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(sample_pipeline: Workdir) -> None:
-    """The GPU settings on the CPU: two DDP processes (gloo) with bf16 autocast train as one process
-    accumulating their two micro-batches; rank 0 alone writes the outputs and the MLflow run."""
+    """The GPU settings on the CPU: two DDP processes (gloo) with bf16 autocast, killed after a
+    checkpoint and resumed from it, train as one process accumulating their two micro-batches; rank 0
+    alone writes the outputs and the one MLflow run."""
     sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
     path, runs = sample_pipeline.path, pretrain_runs("decoder_clm")
-    ten_steps = {"pretrain.max_steps": 10, "pretrain.warmup_steps": 0, "pretrain.val_every": 5}
-    ten_steps |= {"pretrain.checkpoint_every": 5, "pretrain.precision": "bf16-mixed"}
-    with sample_pipeline.changed(ten_steps | {"pretrain.strategy": "ddp", "pretrain.devices": 2}):
+    steps = {"pretrain.max_steps": 20, "pretrain.warmup_steps": 0, "pretrain.val_every": 10}
+    steps |= {"pretrain.checkpoint_every": 5, "pretrain.precision": "bf16-mixed"}
+    with sample_pipeline.changed(steps | {"pretrain.strategy": "ddp", "pretrain.devices": 2}):
+        killed_after(path / "checkpoints/decoder_clm/resume/step5.ckpt", sample_pipeline)
+        assert not (path / "checkpoints/decoder_clm/final").exists(), "the run ended before it was killed"
         result = sample_pipeline.run("pretrain", "decoder_clm")
         micro_batch = micro_batch_flops(path, "decoder_clm")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from" in result.stderr
     ddp = json.loads((path / "metrics/pretrain/decoder_clm.json").read_text())
-    assert ddp["steps"] == 10 and ddp["tokens_seen"] == 10 * 16 * 128 * 2
+    assert ddp["steps"] == 20 and ddp["tokens_seen"] == 20 * 16 * 128 * 2
     assert ddp["flops_per_step"] == 2 * micro_batch  # a step is both processes' micro-batches
-    assert pretrain_runs("decoder_clm") == runs + 1
+    assert pretrain_runs("decoder_clm") == runs + 1  # the resumed run goes on in the killed one's
     model, config = load_pretrained(path / "checkpoints/decoder_clm/final")
-    assert config["steps"] == 10
+    assert config["steps"] == 20
     ddp_weights = load_file(path / "checkpoints/decoder_clm/final/model.safetensors")
+    ddp_curve = plots(path, "decoder_clm")
 
-    with sample_pipeline.changed(ten_steps | {"pretrain.accumulate": 2}):
+    with sample_pipeline.changed(steps | {"pretrain.accumulate": 2}):
         run_stages(sample_pipeline, "pretrain", "decoder_clm")
     one = json.loads((path / "metrics/pretrain/decoder_clm.json").read_text())
     assert (one["tokens_seen"], one["flops_per_step"]) == (ddp["tokens_seen"], ddp["flops_per_step"])
     assert one["val_loss"] == pytest.approx(ddp["val_loss"], rel=1e-3)
     one_weights = load_file(path / "checkpoints/decoder_clm/final/model.safetensors")
+    # the curve: a step's loss is the mean over its micro-batches, of both processes under DDP
+    curves = [csv.DictReader(lines) for lines in (ddp_curve, plots(path, "decoder_clm"))]
+    for ddp_row, one_row in zip(*curves, strict=True):
+        assert ddp_row["step"] == one_row["step"]
+        for key in ("train_loss", "val_loss"):
+            assert float(ddp_row[key] or "nan") == pytest.approx(
+                float(one_row[key] or "nan"), rel=1e-3, nan_ok=True
+            )
     # the same updates up to the order of the gradients' sums, which Adam amplifies where a gradient is
     # pure rounding (the attention keys' bias), so the weights are compared as a whole
     assert one_weights.keys() == ddp_weights.keys()
     difference = torch.cat([(ddp_weights[key] - value).flatten() for key, value in one_weights.items()])
     norm = torch.cat([value.flatten() for value in one_weights.values()]).norm()
     assert difference.norm() / norm < 1e-3, float(difference.norm() / norm)
+
+
+def plots(project: Path, name: str) -> list[str]:
+    return (project / f"plots/pretrain/{name}.csv").read_text().splitlines()
+
+
+def killed_after(checkpoint: Path, workdir: Workdir) -> None:
+    """`python -m stages.pretrain decoder_clm` and the processes it launched, SIGKILLed once
+    `checkpoint` is written."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stages.pretrain", "decoder_clm"],
+        cwd=workdir.path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # let the checkpoint file be written completely
+    os.killpg(process.pid, signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
 
 
 @pytest.mark.parametrize("sampling", ["random", "epoch"])
@@ -355,8 +392,15 @@ def test_a_training_step_never_reads_a_tensor_on_the_host(
         for name in ("item", "tolist", "cpu", "__bool__", "__float__", "__int__"):
             host.setattr(torch.Tensor, name, refused)
         loss = module.training_step(batch, 0)
+        loss.backward()
+        module.on_before_optimizer_step(None)  # the step's loss and gradient norm, logged on the device
     module._read_train_losses()
     assert module.history == [{"step": 0, "train_loss": loss.item()}]
+    # under gradient accumulation a step's loss is the mean of its micro-batches'
+    module._train_losses += [(1, torch.tensor(2.0)), (1, torch.tensor(3.0)), (2, torch.tensor(5.0))]
+    module._read_train_losses()
+    assert module.history[1:] == [{"step": 1, "train_loss": 2.5}, {"step": 2, "train_loss": 5.0}]
+    module.history.clear()
 
     module._train_losses += [(1, loss.detach()), (2, loss.detach() * float("nan")), (3, loss.detach())]
     with pytest.raises(NonFiniteLoss, match="^the loss became nan at step 2$"):

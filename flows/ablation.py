@@ -49,10 +49,10 @@ from flows.common import (
 )
 from flows.dispatch import DISPATCH_TAG, Target, dispatch, pool_target
 from flows.pipeline import read_graph
-from stages.common import StageError
-from stages.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve, pretrain_metrics
-from stages.params import Params, read_params_yaml, tracking_experiment
-from stages.tracking import FlowTracking, child_env, git_commit
+from lmpipe.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve, pretrain_metrics
+from lmpipe.params import Params, read_params_yaml, tracking_experiment
+from lmpipe.runtime import StageError
+from lmpipe.tracking import FlowTracking, child_env, git_commit
 
 MODELS_KEY = "models"  # a grid key of its own: which model variants of params.yaml a point trains
 MLM = "objectives.mlm"
@@ -260,8 +260,8 @@ def comparison(
     (median over seeds) with their std over seeds; Δ against scratch with its interval and verdict (from
     the point's evaluate stage); Δ against the baseline point's model with interval and verdict (a paired
     bootstrap over the same dev examples, as `evaluate` does); the final pretraining loss."""
+    from lmpipe.report.significance import compare
     from stages.evaluate import read_aligned
-    from stages.significance import compare
 
     base_runs, _, base_idx = (
         read_aligned(results[baseline.index]["predictions"]) if baseline.index in results else ({}, {}, {})
@@ -340,7 +340,7 @@ def markdown(
     baseline: Point,
     compute: str | None = None,
 ) -> str:
-    from stages.significance import METHOD
+    from lmpipe.report.significance import METHOD
 
     tasks = task_columns(table)
     header = (

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stages.common import StageError
-from stages.params import read_params_yaml
+from lmpipe.params import read_params_yaml
+from lmpipe.runtime import StageError
 
 # params overrides from the environment: a work pool's job variables carry its device settings
 PARAMS_OVERRIDES_ENV = "LMPIPE_PARAMS_OVERRIDES"

@@ -30,8 +30,8 @@ import yaml
 from prefect import flow, get_run_logger
 
 from flows.common import PARAMS_OVERRIDES_ENV, PipelineError, dvc, dvc_checked, hydra_value, last_line
-from stages.params import read_params_yaml
-from stages.tracking import child_env
+from lmpipe.params import read_params_yaml
+from lmpipe.tracking import child_env
 
 CHECKOUT_ENV = "LMPIPE_CHECKOUT"  # the worker's checkout; prefect.yaml's pull step moves there
 WORKER_LABEL = "prefect.worker.name"  # the label a worker gives the flow runs it takes

@@ -44,8 +44,8 @@ from flows.common import (
     stage_env,
 )
 from flows.dispatch import Target, dispatch, pool_target
-from stages.params import tracking_experiment
-from stages.tracking import PARENT_RUN_ENV, FlowTracking, child_env, tracking_uri
+from lmpipe.params import tracking_experiment
+from lmpipe.tracking import PARENT_RUN_ENV, FlowTracking, child_env, tracking_uri
 
 _TAIL_LINES = 20  # of a stage's output, logged when it finishes
 
@@ -403,7 +403,7 @@ class _parent_run:
     def __enter__(self) -> dict[str, str]:
         if os.environ.get(PARENT_RUN_ENV):
             return {}
-        from stages.tracking import git_commit
+        from lmpipe.tracking import git_commit
 
         experiment = tracking_experiment(self.repo_dir / "params.yaml")
         self.tracking = FlowTracking(self.repo_dir, experiment)

@@ -34,9 +34,9 @@ from flows.common import (
     pool_overrides,
     stage_env,
 )
-from stages.common import StageError
-from stages.params import Params, parse_params, read_params_yaml
-from stages.tracking import FlowTracking, child_env, flatten, git_commit
+from lmpipe.params import Params, parse_params, read_params_yaml
+from lmpipe.runtime import StageError
+from lmpipe.tracking import FlowTracking, child_env, flatten, git_commit
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 PLACEHOLDERS = ("corpus", "glue")
@@ -98,7 +98,7 @@ def overrides(name: str, corpus: str | None = None, glue: str | None = None) -> 
 
 def _resolve_glue_tasks(tree: dict[str, Any], profile: str) -> None:
     """`glue.tasks: available`: the GLUE tasks whose folders are in the profile's GLUE folder."""
-    from stages.glue import TASKS
+    from lmpipe.glue.tasks import TASKS
 
     glue = tree.get("glue") or {}
     if glue.get("tasks") != AVAILABLE:

@@ -238,9 +238,9 @@ def scaling(
     L(N). The profile, the pool and the MLflow layout are the ablation flow's."""
     from flows import ablation as sweeps
     from flows import profile as profiles
-    from stages.params import tracking_experiment
+    from lmpipe.params import tracking_experiment
+    from lmpipe.tracking import FlowTracking, git_commit
     from stages.pretrain import world_size
-    from stages.tracking import FlowTracking, git_commit
 
     logger = get_run_logger()
     repo_dir = Path(repo).resolve()

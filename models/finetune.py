@@ -34,7 +34,7 @@ Precision = Literal["32-true", "bf16-mixed"]
 @dataclass(frozen=True)
 class FinetuneConfig:
     """One seed's fine-tuning recipe. `stages.finetune.finetune_config` builds it from params.yaml, whose
-    schema (stages/params.py) holds the one set of defaults."""
+    schema (lmpipe/params.py) holds the one set of defaults."""
 
     seed: int
     lr: float

@@ -17,7 +17,7 @@ from torch import Tensor
 from models.objectives import SPECIAL
 from models.transformer import Transformer
 
-# the models/ modules whose source, concatenated, is the remote-code modeling file (stages/codedeps.py
+# the models/ modules whose source, concatenated, is the remote-code modeling file (lmpipe/codedeps.py
 # counts them as code of every stage that imports this module)
 READS_SOURCE_OF = ("models.config", "models.transformer", "models.hf_remote")
 

@@ -38,7 +38,7 @@ DROPOUT_STREAM = 2**41
 @dataclass(frozen=True)
 class TrainConfig:
     """What shapes a pretraining run's trajectory. `stages.pretrain.train_config` builds it from
-    params.yaml, whose schema (stages/params.py) holds the one set of defaults."""
+    params.yaml, whose schema (lmpipe/params.py) holds the one set of defaults."""
 
     objective: Objective
     objective_args: dict[str, float]  # params.yaml `objectives.<objective>`

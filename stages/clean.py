@@ -6,7 +6,7 @@ against the first rule it breaks; none is dropped silently.
 
 Memory stays flat in the corpus size: the work is done per shard (a row group of a raw file) in
 parallel, on every core or on a Dask cluster (`cluster.scheduler`), and dedup runs as phases over files
-(stages/dedup.py). The phases write into `data/.clean-work/`, each shard's result whole or not at all,
+(lmpipe/data/dedup.py). The phases write into `data/.clean-work/`, each shard's result whole or not at all,
 so a killed run resumes from its finished shards, with the same outputs as an uninterrupted one.
 """
 
@@ -24,8 +24,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages import dedup, resume
-from stages.common import (
+from lmpipe.data import dedup, resume
+from lmpipe.data.parallel import shard_map
+from lmpipe.data.quality import RULES, Words, exact_key, failed_rule, minhash_signature, normalize
+from lmpipe.data.resume import Shard
+from lmpipe.layout import CLEAN, CLEAN_METRICS, CLEAN_WORK, raw_dir
+from lmpipe.params import CleanParams, load_params
+from lmpipe.runtime import (
     Meter,
     StageError,
     atomic_dir,
@@ -36,13 +41,8 @@ from stages.common import (
     run_main,
     write_json,
 )
-from stages.layout import CLEAN, CLEAN_METRICS, CLEAN_WORK, raw_dir
-from stages.parallel import shard_map
-from stages.params import CleanParams, load_params
-from stages.quality import RULES, Words, exact_key, failed_rule, minhash_signature, normalize
-from stages.resume import Shard
-from stages.schemas import DOCUMENTS, validate
-from stages.tracking import stage_run
+from lmpipe.schemas import DOCUMENTS, validate
+from lmpipe.tracking import stage_run
 
 SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
 

@@ -6,7 +6,7 @@ the fine-tune's own log). Per (model, init, evaluation, metric) the median over 
 score is the mean of its metrics; the average is the GLUE leaderboard's (the mean over evaluations,
 MNLI matched and mismatched counted separately). Every difference (pretrained vs scratch, the best
 model vs the others) gets a 95 % interval and a verdict from a paired bootstrap over the dev examples
-(`stages.significance`). Writes `metrics/glue.json` (DVC metrics, ×100), `reports/glue.md`,
+(`lmpipe.report.significance`). Writes `metrics/glue.json` (DVC metrics, ×100), `reports/glue.md`,
 `reports/glue.csv` (every seed and metric), `plots/glue.csv`, `reports/glue.png` and
 `data/evaluate/predictions.parquet` (every prediction aligned with its label, for sweeps to compare).
 """
@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stages.common import StageError, atomic_file, log, read_json, run_main, write_json
-from stages.glue import TASKS, GlueTask, glue_average, scores
-from stages.layout import (
+from lmpipe.glue.tasks import TASKS, GlueTask, glue_average, scores
+from lmpipe.layout import (
     GLUE,
     GLUE_CHART,
     GLUE_METRICS,
@@ -35,9 +34,10 @@ from stages.layout import (
     finetune_stage,
     predictions_sha256,
 )
-from stages.params import Params, load_params
-from stages.significance import METHOD, VERDICTS, Difference, compare
-from stages.tracking import stage_run
+from lmpipe.params import Params, load_params
+from lmpipe.report.significance import METHOD, VERDICTS, Difference, compare
+from lmpipe.runtime import StageError, atomic_file, log, read_json, run_main, write_json
+from lmpipe.tracking import stage_run
 
 INITS = ("pretrained", "scratch")
 METRIC_NAMES = {
@@ -142,7 +142,7 @@ def log_to_finetune_runs(table: pd.DataFrame, experiment: str) -> None:
     """Each fine-tune's MLflow run gets its own GLUE scores (`<evaluation>/<metric>`), so the runs of
     one (model, task, seed) compare in the MLflow UI as they do in the report. The run is the one
     tagged with the digest of the very predictions scored."""
-    from stages.tracking import PREDICTIONS_TAG, find_run, finetune_run_key, log_to_run
+    from lmpipe.tracking import PREDICTIONS_TAG, find_run, finetune_run_key, log_to_run
 
     missing = 0
     for (model, init, name, seed), rows in table.groupby(["model", "init", "task", "seed"], sort=False):
@@ -167,7 +167,7 @@ def log_to_model_runs(
     """What the MLflow UI shows without set-up: each model's pretrain run (found by the digest of the
     weights its fine-tunes loaded) and this execution's parent run get the model's GLUE scores and Δ
     vs scratch as metrics (`glue.<task>`, `glue.delta.<task>`) and the verdicts as tags."""
-    from stages.tracking import WEIGHTS_TAG, close_pipeline_run, find_run, log_to_run, set_run_tags
+    from lmpipe.tracking import WEIGHTS_TAG, close_pipeline_run, find_run, log_to_run, set_run_tags
 
     experiment = params.tracking.experiment
     for model, found in versus_scratch.items():

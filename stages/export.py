@@ -15,11 +15,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from stages.codedeps import ROOT, module_path
-from stages.common import StageError, atomic_dir, log, run_main, sha256_file, write_json
-from stages.layout import TOKENIZER, final_checkpoint, hf_export
-from stages.params import load_params
-from stages.tracking import stage_run
+from lmpipe.codedeps import ROOT, module_path
+from lmpipe.layout import TOKENIZER, final_checkpoint, hf_export
+from lmpipe.params import load_params
+from lmpipe.runtime import StageError, atomic_dir, log, run_main, sha256_file, write_json
+from lmpipe.tracking import stage_run
 
 _CONTROL = 3  # SentencePiece's piece type of control symbols (our specials)
 _BPE = 2  # SentencePiece's model type of BPE (1: unigram)

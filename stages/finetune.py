@@ -18,7 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stages.common import (
+from lmpipe.glue.tasks import TASKS, GlueTask
+from lmpipe.layout import GLUE, TOKENIZER, final_checkpoint, finetune_dir, finetune_stage, predictions_sha256
+from lmpipe.params import FinetuneCommonParams, FinetuneTaskParams, Params, load_params
+from lmpipe.runtime import (
     StageError,
     atomic_dir,
     cpu_threads,
@@ -28,10 +31,7 @@ from stages.common import (
     sha256_file,
     write_json,
 )
-from stages.glue import TASKS, GlueTask
-from stages.layout import GLUE, TOKENIZER, final_checkpoint, finetune_dir, finetune_stage, predictions_sha256
-from stages.params import FinetuneCommonParams, FinetuneTaskParams, Params, load_params
-from stages.tracking import PREDICTIONS_TAG, WEIGHTS_TAG, find_run, finetune_run_key, stage_run
+from lmpipe.tracking import PREDICTIONS_TAG, WEIGHTS_TAG, find_run, finetune_run_key, stage_run
 
 
 def tokenizer_meta() -> dict[str, Any]:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import StageError, atomic_dir, log, run_main, write_json
-from stages.glue import GlueTask, read_tsv
-from stages.glue import task as glue_task
-from stages.layout import GLUE
-from stages.params import GlueParams, load_params
-from stages.schemas import glue_schema, validate
-from stages.tracking import stage_run
+from lmpipe.glue.tasks import GlueTask, read_tsv
+from lmpipe.glue.tasks import task as glue_task
+from lmpipe.layout import GLUE
+from lmpipe.params import GlueParams, load_params
+from lmpipe.runtime import StageError, atomic_dir, log, run_main, write_json
+from lmpipe.schemas import glue_schema, validate
+from lmpipe.tracking import stage_run
 
 
 def from_datasets(data: object, spec: GlueTask, where: str, splits: Sequence[str]) -> dict[str, pd.DataFrame]:

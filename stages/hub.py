@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stages.common import StageError, atomic_dir, log, run_main, write_json
-from stages.layout import hub_dir, hub_metrics
-from stages.params import HubParams, load_params
-from stages.tracking import stage_run
+from lmpipe.layout import hub_dir, hub_metrics
+from lmpipe.params import HubParams, load_params
+from lmpipe.runtime import StageError, atomic_dir, log, run_main, write_json
+from lmpipe.tracking import stage_run
 
 
 def load(cfg: HubParams, key: str) -> Any:

@@ -32,8 +32,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages import resume
-from stages.common import (
+from lmpipe.data import resume
+from lmpipe.data.parallel import shard_map
+from lmpipe.data.readers import FileReader, TextDecoder, detect_format, join_paragraphs, split_long
+from lmpipe.glue.tasks import task as glue_task
+from lmpipe.layout import ingest_metrics, ingest_work, raw_dir
+from lmpipe.params import Params, SourceParams, load_params
+from lmpipe.runtime import (
     Meter,
     StageError,
     atomic_dir,
@@ -44,13 +49,8 @@ from stages.common import (
     setup_logging,
     write_json,
 )
-from stages.glue import task as glue_task
-from stages.layout import ingest_metrics, ingest_work, raw_dir
-from stages.parallel import shard_map
-from stages.params import Params, SourceParams, load_params
-from stages.readers import FileReader, TextDecoder, detect_format, join_paragraphs, split_long
-from stages.schemas import DOCUMENTS, validate
-from stages.tracking import stage_run
+from lmpipe.schemas import DOCUMENTS, validate
+from lmpipe.tracking import stage_run
 
 # a row group is the unit of work of `clean` (resumed as a whole, on one worker): small enough to
 # spread over the cores and to bound a worker's memory, large enough to keep per-shard overhead low
@@ -76,9 +76,7 @@ def resolve_files(source: SourceParams, key: str) -> list[Path]:
         raise StageError(f"{key}.path: '{source.path}' does not exist")
     files = sorted({f for pattern in source.include for f in path.glob(pattern) if _visible(f, path)})
     if not files:
-        raise StageError(
-            f"{key}.include: {', '.join(source.include)} matches no file in '{source.path}'"
-        )
+        raise StageError(f"{key}.include: {', '.join(source.include)} matches no file in '{source.path}'")
     return files
 
 

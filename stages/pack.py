@@ -28,8 +28,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-from stages import resume
-from stages.common import (
+from lmpipe.data import resume
+from lmpipe.data.parallel import shard_map
+from lmpipe.data.resume import Shard
+from lmpipe.layout import CLEAN, PACK_WORK, TOKENIZER, TOKENS, clean_shards
+from lmpipe.params import PackParams, load_params
+from lmpipe.runtime import (
     Meter,
     StageError,
     atomic_dir,
@@ -39,11 +43,7 @@ from stages.common import (
     run_main,
     write_json,
 )
-from stages.layout import CLEAN, PACK_WORK, TOKENIZER, TOKENS, clean_shards
-from stages.parallel import shard_map
-from stages.params import PackParams, load_params
-from stages.resume import Shard
-from stages.tracking import stage_run
+from lmpipe.tracking import stage_run
 
 SPLITS = ("train", "val")
 POOL_DOCS = 200_000  # from this many documents on, a process per core (or a cluster) encodes the shards

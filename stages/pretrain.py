@@ -23,8 +23,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from stages.codedeps import code_digest
-from stages.common import (
+from lmpipe.codedeps import code_digest
+from lmpipe.layout import TOKENS, final_checkpoint, pretrain_curve, pretrain_metrics, resume_checkpoints
+from lmpipe.params import ObjectivesParams, Params, PretrainParams, load_params
+from lmpipe.runtime import (
     StageError,
     atomic_dir,
     atomic_file,
@@ -34,9 +36,7 @@ from stages.common import (
     sha256_file,
     write_json,
 )
-from stages.layout import TOKENS, final_checkpoint, pretrain_curve, pretrain_metrics, resume_checkpoints
-from stages.params import ObjectivesParams, Params, PretrainParams, load_params
-from stages.tracking import WEIGHTS_TAG, flatten, lightning_logger
+from lmpipe.tracking import WEIGHTS_TAG, flatten, lightning_logger
 
 
 def train_config(objective: str, pretrain: PretrainParams, objectives: ObjectivesParams, seed: int) -> Any:

@@ -7,11 +7,11 @@ marks everything as synthetic.
 
 from __future__ import annotations
 
-from stages.common import atomic_dir, log, run_main, write_json
-from stages.layout import SAMPLE
-from stages.params import load_params
-from stages.synthetic import corpus, glue_files
-from stages.tracking import stage_run
+from lmpipe.data.synthetic import corpus, glue_files
+from lmpipe.layout import SAMPLE
+from lmpipe.params import load_params
+from lmpipe.runtime import atomic_dir, log, run_main, write_json
+from lmpipe.tracking import stage_run
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
                 tmp / "manifest.json",
                 {
                     "synthetic": True,
-                    "generator": "stages.synthetic",
+                    "generator": "lmpipe.data.synthetic",
                     "seed": params.seed,
                     "documents": len(docs),
                     "characters": chars,

@@ -18,7 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-from stages.common import (
+from lmpipe.data.readers import split_long
+from lmpipe.layout import CLEAN, CLEAN_METRICS, TOKENIZER, clean_shards
+from lmpipe.params import TokenizerParams, load_params
+from lmpipe.runtime import (
     Meter,
     StageError,
     atomic_dir,
@@ -28,10 +31,7 @@ from stages.common import (
     run_main,
     write_json,
 )
-from stages.layout import CLEAN, CLEAN_METRICS, TOKENIZER, clean_shards
-from stages.params import TokenizerParams, load_params
-from stages.readers import split_long
-from stages.tracking import stage_run
+from lmpipe.tracking import stage_run
 
 BASE_SPECIALS = {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3}
 CONTROL_SYMBOLS = ["[CLS]", "[SEP]", "[MASK]"] + [f"<extra_id_{i}>" for i in range(100)]
@@ -126,9 +126,7 @@ def main() -> None:
         {"data.synthetic": manifest["synthetic"]},
     ) as run:
         stats = {"documents": 0, "characters": 0}
-        lines = training_lines(
-            clean_shards(), cfg, clean_metrics["characters_kept"], params.seed, stats
-        )
+        lines = training_lines(clean_shards(), cfg, clean_metrics["characters_kept"], params.seed, stats)
         model = train(lines, cfg, params.seed)
         processor = spm.SentencePieceProcessor(model_proto=model)
         check_specials(processor)

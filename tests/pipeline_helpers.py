@@ -15,7 +15,7 @@ def clean_texts(project: Path) -> list[str]:
     """The texts `clean` kept in `project`, in corpus order."""
     import pyarrow.parquet as pq
 
-    from stages.layout import clean_shards
+    from lmpipe.layout import clean_shards
 
     shards = clean_shards(project / "data/clean")
     return [text for path in shards for text in pq.read_table(path, columns=["text"]).column(0).to_pylist()]

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from stages.codedeps import PACKAGES
+from lmpipe.codedeps import PACKAGES
 from tests.conftest import ROOT
 
 PROJECT_FILES = ["dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config", "pyproject.toml"]
@@ -106,8 +106,12 @@ def changed_deps(project: Path, *targets: str) -> dict[str, dict[str, str]]:
     args = ["--with-deps", *targets] if targets else []
     status = json.loads(sh(project, "dvc", "status", "--json", *args).stdout or "{}")
     return {
-        stage: {path: how for change in changes if isinstance(change, dict)
-                for path, how in change.get("changed deps", {}).items()}
+        stage: {
+            path: how
+            for change in changes
+            if isinstance(change, dict)
+            for path, how in change.get("changed deps", {}).items()
+        }
         for stage, changes in status.items()
     }
 

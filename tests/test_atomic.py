@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.common import atomic_dir, atomic_file
+from lmpipe.runtime import atomic_dir, atomic_file
 
 
 def test_failed_write_leaves_the_old_output_and_no_temporaries(tmp_path: Path) -> None:
@@ -34,4 +34,3 @@ def test_a_killed_writers_leftovers_go_with_the_next_write(tmp_path: Path) -> No
     with atomic_file(folder / "summary.json") as handle:
         handle.write("{}")
     assert sorted(p.name for p in folder.iterdir()) == [".scratch.tmp-keep", "pretrained", "summary.json"]
-

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lmpipe.data.quality import _DIGITS, _LETTERS, _SYMBOLS, RULES, char_class_counts, failed_rule, normalize
+from lmpipe.params import CleanParams
 from stages import clean, ingest
-from stages.params import CleanParams
-from stages.quality import _DIGITS, _LETTERS, _SYMBOLS, RULES, char_class_counts, failed_rule, normalize
 from tests.pipeline_helpers import clean_texts
 
 CFG = CleanParams()
@@ -59,7 +59,7 @@ def test_normalize_agrees_with_its_regex_definition() -> None:
     import re
     import unicodedata
 
-    from stages.quality import _INVISIBLE
+    from lmpipe.data.quality import _INVISIBLE
 
     def reference(text: str) -> str:
         text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n").replace("\t", " "))

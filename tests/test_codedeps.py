@@ -1,6 +1,6 @@
 """dvc.yaml's code deps are the import closure of each stage's module, in both directions, and DVC
 therefore re-runs exactly the stages a code change affects; the output paths dvc.yaml declares are
-the ones stages.layout names."""
+the ones lmpipe.layout names."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stages import layout
-from stages.codedeps import ROOT, code_files, disagreements, write
+from lmpipe import layout
+from lmpipe.codedeps import ROOT, code_files, disagreements, write
 from tests.project import changed_deps, copy_project, sh
 
 DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
@@ -23,7 +23,7 @@ def test_dvc_yaml_declares_exactly_the_import_closure_of_every_stage() -> None:
 def test_the_closure_follows_every_import_and_nothing_else() -> None:
     finetune = code_files("stages.finetune")
     assert "models/heads.py" in finetune  # imported inside main(): it runs when the stage does
-    assert {"stages/common.py", "models/transformer.py"} <= set(finetune)
+    assert {"lmpipe/runtime.py", "models/transformer.py"} <= set(finetune)
     assert "models/lightning.py" not in finetune
     pretrain = code_files("stages.pretrain")
     assert "models/lightning.py" in pretrain and "models/heads.py" not in pretrain
@@ -35,7 +35,12 @@ def test_the_closure_follows_every_import_and_nothing_else() -> None:
 @pytest.mark.parametrize(
     ("stage", "remove", "add", "expected"),
     [
-        ("tokenizer", "stages/readers.py", None, "stages.tokenizer.deps: missing stages/readers.py"),
+        (
+            "tokenizer",
+            "lmpipe/data/readers.py",
+            None,
+            "stages.tokenizer.deps: missing lmpipe/data/readers.py",
+        ),
         ("evaluate", None, "stages/finetune.py", "stages.evaluate.deps: stages/finetune.py is not imported"),
         ("pretrain", "models/lightning.py", None, "stages.pretrain.deps: missing models/lightning.py"),
     ],
@@ -54,7 +59,7 @@ def test_a_missing_or_extra_code_dep_is_reported(
 def test_write_puts_the_closure_back_and_keeps_the_rest(tmp_path: Path) -> None:
     text = (ROOT / "dvc.yaml").read_text()
     evaluate_deps = "      - data/glue\n      - data/finetune\n"
-    broken = text.replace("      - stages/readers.py\n", "", 1).replace(
+    broken = text.replace("      - lmpipe/data/readers.py\n", "", 1).replace(
         evaluate_deps, evaluate_deps + "      - models/heads.py\n"
     )
     assert broken != text
@@ -109,11 +114,11 @@ def reproduced(reproduced_template: Path, tmp_path_factory: pytest.TempPathFacto
 @pytest.mark.parametrize(
     ("touched", "expected"),
     [
-        ("stages/common.py", "every stage"),
+        ("lmpipe/runtime.py", "every stage"),
         ("models/heads.py", {"finetune@encoder_mlm-stsb", "finetune_scratch@encoder_mlm-stsb"}),
         ("models/lightning.py", {"pretrain@encoder_mlm"}),
         ("models/hf_remote.py", {"export@encoder_mlm"}),  # read as source, not imported
-        ("stages/significance.py", {"evaluate"}),
+        ("lmpipe/report/significance.py", {"evaluate"}),
         ("README.md", set()),
         ("tests/test_codedeps.py", set()),
     ],

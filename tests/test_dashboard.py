@@ -49,7 +49,7 @@ def rendered(url: str, profile: Path, screenshot: Path | None = None) -> str:
 def test_mlflow_opens_on_the_pipelines_runs_with_glue_on_the_model(
     reproduced_template: Path, tmp_path: Path
 ) -> None:
-    from stages.tracking import ui_link
+    from lmpipe.tracking import ui_link
 
     project = copy_project(reproduced_template, tmp_path / "project")  # `dvc repro` into its mlflow.db
     store = f"sqlite:///{project / 'mlflow.db'}"

@@ -20,11 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lmpipe.data.synthetic import corpus
+from lmpipe.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards, ingest_work
+from lmpipe.params import load_params
+from lmpipe.runtime import StageError
 from stages import clean, ingest, pack, tokenizer
-from stages.common import StageError
-from stages.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards, ingest_work
-from stages.params import load_params
-from stages.synthetic import corpus
 from tests.conftest import ROOT, Workdir
 
 SHARD_ROWS = 40

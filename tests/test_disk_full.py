@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from stages.layout import CLEAN_WORK
-from stages.synthetic import corpus
+from lmpipe.data.synthetic import corpus
+from lmpipe.layout import CLEAN_WORK
 from tests.conftest import Workdir
 
 

@@ -13,9 +13,9 @@ import pytest
 import scipy.stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from stages.common import StageError
-from stages.glue import TASKS, read_tsv
-from stages.layout import predictions_sha256
+from lmpipe.glue.tasks import TASKS, read_tsv
+from lmpipe.layout import predictions_sha256
+from lmpipe.runtime import StageError
 from tests.conftest import Workdir
 
 MODELS = {

@@ -44,7 +44,7 @@ def real_text(real_pipeline: Workdir) -> tuple[Path, list[str]]:
     """The tokenizer trained on the real corpus and lines of that corpus (sentences of every length)."""
     import pyarrow.parquet as pq
 
-    from stages.layout import clean_shards
+    from lmpipe.layout import clean_shards
 
     texts = pq.read_table(clean_shards(real_pipeline.path / "data/clean")[0], columns=["text"])
     lines = [line.strip() for doc in texts.column("text").to_pylist()[:40] for line in doc.split("\n")]
@@ -102,8 +102,8 @@ def bpe_model(real_pipeline: Workdir, tmp_path_factory: pytest.TempPathFactory) 
     the tokenizer stage's own function on the real corpus."""
     import pyarrow.parquet as pq
 
-    from stages.layout import clean_shards
-    from stages.params import TokenizerParams
+    from lmpipe.layout import clean_shards
+    from lmpipe.params import TokenizerParams
     from stages.tokenizer import train
 
     texts = pq.read_table(clean_shards(real_pipeline.path / "data/clean")[0], columns=["text"])

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stages.common import StageError, sha256_file
-from stages.layout import predictions_sha256
+from lmpipe.layout import predictions_sha256
+from lmpipe.runtime import StageError, sha256_file
 from tests.conftest import DEFAULT_PARAMS, Workdir
 from tests.pipeline_helpers import run_stages
 

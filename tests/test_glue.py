@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stages.common import StageError
-from stages.glue import TASKS, read_tsv, task
+from lmpipe.glue.tasks import TASKS, read_tsv, task
+from lmpipe.runtime import StageError
 
 OFFICIAL_ROWS = {
     ("cola", "train"): 8551,
@@ -190,7 +190,7 @@ def test_metrics_agree_with_their_definitions(glue_dir: Path) -> None:
     import numpy as np
     import scipy.stats
 
-    from stages.glue import glue_average, scores
+    from lmpipe.glue.tasks import glue_average, scores
 
     rng = np.random.default_rng(0)
     results = {}

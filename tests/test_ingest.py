@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lmpipe.runtime import StageError
 from stages import ingest
-from stages.common import StageError
 from tests.conftest import ROOT
 
 PARA = "The committee met on Tuesday and agreed on a plan for the new library building."
@@ -337,7 +337,7 @@ def test_a_folder_of_100000_small_files(workdir) -> None:
 def test_streamed_text_gives_the_documents_of_the_whole_text(split_by: str) -> None:
     import random
 
-    from stages.readers import split_long, split_text
+    from lmpipe.data.readers import split_long, split_text
 
     rng = random.Random(split_by)
     words = ["harbour", "ship", "a", "the", "lantern", "x" * 30]
@@ -354,7 +354,7 @@ def test_streamed_text_gives_the_documents_of_the_whole_text(split_by: str) -> N
 
         parts = re.split(separators[split_by], text) if separators[split_by] else [text]
         if split_by == "chunks":
-            from stages.readers import join_paragraphs
+            from lmpipe.data.readers import join_paragraphs
 
             parts = list(join_paragraphs(parts, 1000))
         whole = [doc for part in parts for doc in split_long(part, 1000)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.synthetic import corpus, glue_files
+from lmpipe.data.synthetic import corpus, glue_files
 from tests.project import changed_deps, make_project, sh, stages_run
 
 SOURCES = ["ingest@books", "ingest@wiki"]

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import mlflow
 
-from stages.tracking import PARENT_RUN_ENV
+from lmpipe.tracking import PARENT_RUN_ENV
 from tests.conftest import ROOT
 
 WRITER = """
 import sys
-from stages.tracking import stage_run
+from lmpipe.tracking import stage_run
 
 index = int(sys.argv[1])
 params = {"point": index, "objectives": {"mlm": {"mask_rate": 0.1 * index}}}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from stages.common import StageError
+from lmpipe.runtime import StageError
 from stages.pack import token_dtype, val_mask
 from tests.pipeline_helpers import clean_texts, run_stages
 

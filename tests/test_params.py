@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from stages.common import StageError
-from stages.params import load_params, parse_params
+from lmpipe.params import load_params, parse_params
+from lmpipe.runtime import StageError
 from tests.conftest import DEFAULT_PARAMS, ROOT
 
 

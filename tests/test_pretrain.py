@@ -22,8 +22,8 @@ import yaml
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
+from lmpipe.params import ObjectivesParams, PretrainParams
 from models.transformer import load_pretrained
-from stages.params import ObjectivesParams, PretrainParams
 from stages.pretrain import train_config
 from tests.conftest import DEFAULT_PARAMS, ROOT, Workdir
 from tests.pipeline_helpers import run_stages
@@ -319,8 +319,8 @@ def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdi
 
 def micro_batch_flops(project: Path, name: str) -> int:
     """FLOPs of one micro-batch of `name` as the project's params.yaml sets it up."""
+    from lmpipe.params import load_params
     from models.flops import count_step_flops
-    from stages.params import load_params
 
     vocab = json.loads((project / "data/tokens/meta.json").read_text())["vocab_size"]
     params = load_params(project / "params.yaml")

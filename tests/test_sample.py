@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import json
 
+from lmpipe.data.quality import failed_rule, normalize
+from lmpipe.data.synthetic import SyntheticLanguage, corpus
+from lmpipe.params import CleanParams
 from stages import sample
-from stages.params import CleanParams
-from stages.quality import failed_rule, normalize
-from stages.synthetic import SyntheticLanguage, corpus
 
 
 def test_sample_is_deterministic_and_marked_synthetic(workdir) -> None:
@@ -38,7 +38,7 @@ def test_generated_text_passes_quality_rules_and_agrees_in_number() -> None:
 
 
 def test_each_synthetic_task_has_its_own_stream_and_mrpc_labels_follow_the_words() -> None:
-    from stages.synthetic import glue_files
+    from lmpipe.data.synthetic import glue_files
 
     small, large = glue_files(7, 300, 50, 20), glue_files(7, 300, 50, 40)
     # one task's rows do not depend on how many rows another drew before it

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stages import significance
-from stages.glue import TASKS, scores
-from stages.significance import average_difference, metric, paired_difference, score
+from lmpipe.glue.tasks import TASKS, scores
+from lmpipe.report import significance
+from lmpipe.report.significance import average_difference, metric, paired_difference, score
 
 SIZES = {"cola": 400, "sst2": 300, "mrpc": 250, "stsb": 300, "rte": 277}
 

@@ -8,7 +8,7 @@ import unicodedata
 import pytest
 import sentencepiece as spm
 
-from stages.common import StageError
+from lmpipe.runtime import StageError
 from stages.tokenizer import SPECIAL_IDS
 from tests.pipeline_helpers import clean_texts, prepared, run_stages
 

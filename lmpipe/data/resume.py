@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from stages.codedeps import code_digest
+from lmpipe.codedeps import code_digest
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ GLUE average's interval comes from the evaluations' bootstrap distributions (ind
 resampled independently), averaged draw by draw.
 
 The metrics are vectorised over resamples; on one resample they equal scikit-learn's and SciPy's
-(`stages.glue.scores`), which the tests check.
+(`lmpipe.glue.tasks.scores`), which the tests check.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import bootstrap
 
-from stages.glue import TASKS, GlueTask
+from lmpipe.glue.tasks import TASKS, GlueTask
 
 CONFIDENCE = 0.95
 RESAMPLES = 9999  # scipy's default

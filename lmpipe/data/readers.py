@@ -25,7 +25,7 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stages.common import StageError, log
+from lmpipe.runtime import StageError, log
 
 TEXT_SUFFIXES = {
     ".txt": "txt",

@@ -6,7 +6,7 @@ import pandas as pd
 import pandera.errors
 import pandera.pandas as pa
 
-from stages.common import StageError
+from lmpipe.runtime import StageError
 
 DOCUMENTS = pa.DataFrameSchema(
     {

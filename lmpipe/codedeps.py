@@ -2,7 +2,7 @@
 
 dvc.yaml declares exactly these files as each stage's code deps, so that a change to any module a
 stage runs makes that stage stale and a change to anything else (tests, docs, other stages' modules)
-does not. `python -m stages.codedeps` lists where dvc.yaml and the closure disagree (the test suite
+does not. `python -m lmpipe.codedeps` lists where dvc.yaml and the closure disagree (the test suite
 fails on any disagreement), `--write` puts the closure into dvc.yaml, and pretrain's resume
 fingerprint hashes the same files.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("stages", "models")
+PACKAGES = ("stages", "models", "lmpipe")
 _COMMAND = re.compile(r"\bpython -m ([\w.]+)")
 
 
@@ -141,7 +141,7 @@ def write(dvc_file: Path = ROOT / "dvc.yaml") -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stages.codedeps", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lmpipe.codedeps", description=__doc__.split("\n")[0])
     parser.add_argument("--write", action="store_true", help="put each stage's closure into dvc.yaml")
     if parser.parse_args(argv).write:
         write()

@@ -22,8 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from lmpipe.runtime import StageError
 from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig
-from stages.common import StageError
 
 PARAMS_FILE = Path("params.yaml")
 
@@ -345,7 +345,7 @@ class GlueParams(Strict):
     @field_validator("tasks")
     @classmethod
     def _known(cls, tasks: list[str]) -> list[str]:
-        from stages.glue import TASKS
+        from lmpipe.glue.tasks import TASKS
 
         for i, name in enumerate(tasks):
             if name not in TASKS:
@@ -397,7 +397,7 @@ class FinetuneParams(Strict):
     @field_validator("tasks")
     @classmethod
     def _known_tasks(cls, tasks: dict[str, FinetuneTaskParams]) -> dict[str, FinetuneTaskParams]:
-        from stages.glue import TASKS
+        from lmpipe.glue.tasks import TASKS
 
         for name in tasks:
             if name not in TASKS:

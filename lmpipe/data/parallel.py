@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
-from stages.common import StageError
+from lmpipe.runtime import StageError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -70,4 +70,3 @@ def _dask_map(fn: Callable[[T], R], items: Sequence[T], scheduler: str, what: st
             ) from None
         finally:
             client.cancel(futures)
-

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from stages.common import StageError
+from lmpipe.runtime import StageError
 
 
 @dataclass(frozen=True)

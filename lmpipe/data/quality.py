@@ -16,8 +16,8 @@ from functools import cache, cached_property
 import numpy as np
 from datasketch import LeanMinHash, MinHash
 
-from stages.dedup import mix64
-from stages.params import CleanParams
+from lmpipe.data.dedup import mix64
+from lmpipe.params import CleanParams
 
 # control and format characters (zero-width spaces, BOMs, bidi marks) except the newline
 _INVISIBLE = re.compile(

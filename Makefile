@@ -32,8 +32,8 @@ endif
 # the MLflow UI on the project's store, on 127.0.0.1; prints the page of this project's runs
 UI_PORT ?= 5000
 ui: setup
-	@$(BIN)/python -c "from lmpipe.params import load_params; from lmpipe.tracking import ui_link; \
-	print('MLflow:', ui_link(load_params().tracking.experiment, $(UI_PORT)))"
+	@$(BIN)/python -c "from lmpipe.tracking import tracking_experiment, ui_link; \
+	print('MLflow:', ui_link(tracking_experiment(), $(UI_PORT)))"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
 # the hf extra (transformers) for the export tests

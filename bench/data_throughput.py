@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lmpipe.layout import PACK_WORK, clean_shards  # noqa: E402
-from lmpipe.params import PackParams, load_params  # noqa: E402
+from lmpipe.params.pack import PackParams  # noqa: E402
+from lmpipe.params.project import load_params  # noqa: E402
 from lmpipe.runtime import cpu_threads  # noqa: E402
 from stages import clean, ingest, tokenizer  # noqa: E402
 from stages.pack import pack  # noqa: E402

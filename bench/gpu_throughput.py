@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig  # noqa: E402
 from models.flops import count_step_flops, peak_flops  # noqa: E402
 from models.lightning import PretrainModule, TrainConfig, make_batch  # noqa: E402
-from models.objectives import batch_generator  # noqa: E402
+from models.objectives import batch_generator
 
 # the recipes' objective settings (BERT's 15 % with 80/10/10, T5's 15 % in spans of 3), as params.yaml
 OBJECTIVE_ARGS = {

@@ -50,9 +50,10 @@ from flows.common import (
 from flows.dispatch import DISPATCH_TAG, Target, dispatch, pool_target
 from flows.pipeline import read_graph
 from lmpipe.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve, pretrain_metrics
-from lmpipe.params import Params, read_params_yaml, tracking_experiment
+from lmpipe.params.project import Params
+from lmpipe.params.schema import read_params_yaml
 from lmpipe.runtime import StageError
-from lmpipe.tracking import FlowTracking, child_env, git_commit
+from lmpipe.tracking import FlowTracking, child_env, git_commit, tracking_experiment
 
 MODELS_KEY = "models"  # a grid key of its own: which model variants of params.yaml a point trains
 MLM = "objectives.mlm"

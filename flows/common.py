@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lmpipe.params import read_params_yaml
+from lmpipe.params.schema import read_params_yaml
 from lmpipe.runtime import StageError
 
 # params overrides from the environment: a work pool's job variables carry its device settings

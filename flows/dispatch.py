@@ -30,7 +30,7 @@ import yaml
 from prefect import flow, get_run_logger
 
 from flows.common import PARAMS_OVERRIDES_ENV, PipelineError, dvc, dvc_checked, hydra_value, last_line
-from lmpipe.params import read_params_yaml
+from lmpipe.params.schema import read_params_yaml
 from lmpipe.tracking import child_env
 
 CHECKOUT_ENV = "LMPIPE_CHECKOUT"  # the worker's checkout; prefect.yaml's pull step moves there

@@ -44,8 +44,7 @@ from flows.common import (
     stage_env,
 )
 from flows.dispatch import Target, dispatch, pool_target
-from lmpipe.params import tracking_experiment
-from lmpipe.tracking import PARENT_RUN_ENV, FlowTracking, child_env, tracking_uri
+from lmpipe.tracking import PARENT_RUN_ENV, FlowTracking, child_env, tracking_experiment, tracking_uri
 
 _TAIL_LINES = 20  # of a stage's output, logged when it finishes
 

@@ -34,7 +34,8 @@ from flows.common import (
     pool_overrides,
     stage_env,
 )
-from lmpipe.params import Params, parse_params, read_params_yaml
+from lmpipe.params.project import Params, parse_params
+from lmpipe.params.schema import read_params_yaml
 from lmpipe.runtime import StageError
 from lmpipe.tracking import FlowTracking, child_env, flatten, git_commit
 

@@ -11,6 +11,14 @@ brings its `__init__.py` once that has any content (an empty one runs nothing). 
 reads other modules' source (the export writes models/ as remote code) names them in a module-level
 `READS_SOURCE_OF = ("models.x", ...)`: they count as imported. Modules outside the project's packages
 are the environment's business.
+
+Three modules every stage imports cannot change what a stage writes, so they and their imports are
+left out of the closures (an edit to them re-runs nothing): `lmpipe.tracking`, which logs to MLflow
+and returns nothing a stage writes (run ids and the experiment's name go to MLflow only: the same
+params give the same output bytes against any MLflow store, which the tests compare);
+`lmpipe.params.project`, the whole-file check that can stop a stage but hands it nothing (the stage
+reads its own sections through their own modules); and this module, which only decides what an
+interrupted run may reuse.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("stages", "models", "lmpipe")
+OUTPUT_NEUTRAL = ("lmpipe.tracking", "lmpipe.codedeps", "lmpipe.params.project")  # see the module's docstring
 _COMMAND = re.compile(r"\bpython -m ([\w.]+)")
 
 
@@ -76,6 +85,8 @@ def code_files(module: str) -> tuple[str, ...]:
     while todo:
         name = todo.pop()
         parts = name.split(".")
+        if any(name == neutral or name.startswith(f"{neutral}.") for neutral in OUTPUT_NEUTRAL):
+            continue
         for depth in range(1, len(parts) + 1):  # a module's packages run first
             path = module_path(".".join(parts[:depth]))
             if path is not None and path not in sources:

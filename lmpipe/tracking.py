@@ -22,6 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field, ValidationError
+
+from lmpipe.params.schema import PARAMS_FILE, Strict, _problems, read_params_yaml
+from lmpipe.runtime import StageError
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PARENT_RUN_ENV = "LMPIPE_PARENT_RUN_ID"
 WEIGHTS_TAG = "weights_sha256"
@@ -31,6 +36,21 @@ PIPELINE_TAG = "pipeline_key"
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _MLFLOW_BATCH = 100  # MLflow's per-request cap on params
 _MLFLOW_METRIC_BATCH = 1000  # and on metrics
+
+
+class TrackingParams(Strict):
+    experiment: str = Field("lmpipe", min_length=1)
+
+
+def tracking_experiment(path: Path = PARAMS_FILE) -> str:
+    """The MLflow experiment params.yaml names, read without validating the other sections: a stage or
+    a flow opens its run before anything else is checked."""
+    raw = read_params_yaml(path)
+    section = raw.get("tracking") if isinstance(raw, dict) else None
+    try:
+        return TrackingParams.model_validate(section or {}).experiment
+    except ValidationError as exc:
+        raise StageError(f"{path}: {_problems(exc, 'tracking')}") from None
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

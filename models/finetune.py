@@ -23,7 +23,7 @@ from torch import Tensor
 
 from models.finetune_data import pad_batch
 from models.heads import SequenceHead
-from models.objectives import derived_seed, read_losses
+from models.training import derived_seed, read_losses
 from models.transformer import weight_decay_groups
 
 DROPOUT_STREAM = 2**42

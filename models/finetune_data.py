@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.objectives import SPECIAL, SpecialIds
+from models.special import SPECIAL, SpecialIds
 
 
 def encode_pair(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from models.objectives import SPECIAL
+from models.special import SPECIAL
 from models.transformer import Transformer
 
 # the models/ modules whose source, concatenated, is the remote-code modeling file (lmpipe/codedeps.py

@@ -20,15 +20,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from models.config import ModelConfig, Objective
 from models.objectives import (
-    SpecialIds,
     batch_generator,
     causal_lm_batch,
-    derived_seed,
     mask_tokens,
-    read_losses,
     span_corrupt,
     span_corruption_lengths,
 )
+from models.special import SpecialIds
+from models.training import derived_seed, read_losses
 from models.transformer import Transformer, weight_decay_groups
 
 VAL_STEP_OFFSET = 2**40  # validation masks come from a stream no training step uses

@@ -7,64 +7,13 @@ sentinels in the inputs, the targets list each sentinel followed by its span.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class SpecialIds:
-    pad: int = 0
-    unk: int = 1
-    bos: int = 2
-    eos: int = 3
-    cls: int = 4
-    sep: int = 5
-    mask: int = 6
-    first_sentinel: int = 7
-    n_sentinels: int = 100
-
-    @property
-    def n_special(self) -> int:
-        """Every id below this is special: never selected for masking, never a random replacement."""
-        return self.first_sentinel + self.n_sentinels
-
-    def sentinel(self, i: int) -> int:
-        if not 0 <= i < self.n_sentinels:
-            raise ValueError(f"sentinel {i} out of range (there are {self.n_sentinels})")
-        return self.first_sentinel + i
-
-
-SPECIAL = SpecialIds()
-
-
-class NonFiniteLoss(FloatingPointError):
-    """The loss of a training step (pretraining or fine-tuning) became NaN or infinite."""
-
-    def __init__(self, step: int, value: float) -> None:
-        super().__init__(f"the loss became {value} at step {step}")
-        self.step, self.value = step, value
-
-
-def read_losses(losses: list[Tensor], steps: Sequence[int]) -> list[float]:
-    """The losses of `steps`, still on the device, read in one transfer (a training loop reads them
-    every so many steps, never one per step); the first that is not finite raises NonFiniteLoss."""
-    if not losses:
-        return []
-    values = torch.stack(losses).float().cpu()
-    finite = torch.isfinite(values)
-    if not finite.all():
-        first = int((~finite).nonzero()[0])
-        raise NonFiniteLoss(steps[first], float(values[first]))
-    return values.tolist()
-
-
-def derived_seed(*keys: int) -> int:
-    """A 63-bit seed that is a pure function of `keys`; different keys give independent streams."""
-    return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
+from models.special import SPECIAL, SpecialIds
+from models.training import derived_seed
 
 
 def batch_generator(seed: int, index: int) -> torch.Generator:

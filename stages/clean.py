@@ -29,7 +29,11 @@ from lmpipe.data.parallel import shard_map
 from lmpipe.data.quality import RULES, Words, exact_key, failed_rule, minhash_signature, normalize
 from lmpipe.data.resume import Shard
 from lmpipe.layout import CLEAN, CLEAN_METRICS, CLEAN_WORK, raw_dir
-from lmpipe.params import CleanParams, load_params
+from lmpipe.params.clean import CleanParams
+from lmpipe.params.cluster import ClusterParams
+from lmpipe.params.ingest import IngestParams
+from lmpipe.params.project import load_stage_params
+from lmpipe.params.schema import Sections
 from lmpipe.runtime import (
     Meter,
     StageError,
@@ -42,9 +46,15 @@ from lmpipe.runtime import (
     write_json,
 )
 from lmpipe.schemas import DOCUMENTS, validate
-from lmpipe.tracking import stage_run
+from lmpipe.tracking import stage_run, tracking_experiment
 
 SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
+
+
+class CleanSections(Sections):
+    clean: CleanParams = CleanParams()
+    ingest: IngestParams  # which sources' documents it reads
+    cluster: ClusterParams = ClusterParams()
 
 
 @dataclass(frozen=True)
@@ -199,7 +209,7 @@ def clean(
 
 
 def main() -> None:
-    params = load_params()
+    params = load_stage_params(CleanSections)
     cfg = params.clean
     # the sources params name, not whatever data/raw holds (a removed source's folder stays there)
     sources = list(params.ingest.sources)
@@ -209,7 +219,7 @@ def main() -> None:
     workers = cpu_threads(cfg.workers)
     with stage_run(
         "clean",
-        params.tracking.experiment,
+        tracking_experiment(),
         {"seed": params.seed, "clean": cfg.model_dump()},
         {"data.synthetic": synthetic},
     ) as run:

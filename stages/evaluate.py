@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lmpipe.glue.tasks import TASKS, GlueTask, glue_average, scores
+from lmpipe.glue.metrics import glue_average, scores
+from lmpipe.glue.tasks import TASKS, GlueTask
 from lmpipe.layout import (
     GLUE,
     GLUE_CHART,
@@ -34,10 +35,11 @@ from lmpipe.layout import (
     finetune_stage,
     predictions_sha256,
 )
-from lmpipe.params import Params, load_params
+from lmpipe.params.finetune import FinetuneSections
+from lmpipe.params.project import load_stage_params
 from lmpipe.report.significance import METHOD, VERDICTS, Difference, compare
 from lmpipe.runtime import StageError, atomic_file, log, read_json, run_main, write_json
-from lmpipe.tracking import stage_run
+from lmpipe.tracking import stage_run, tracking_experiment
 
 INITS = ("pretrained", "scratch")
 METRIC_NAMES = {
@@ -91,7 +93,7 @@ def read_predictions(path: Path, task: GlueTask, split: str, truth: pd.DataFrame
     return joined.sort_values("idx", kind="stable").reset_index(drop=True)
 
 
-def collect(params: Params) -> Scored:
+def collect(params: FinetuneSections) -> Scored:
     # every split's labels read once, however many models, inits and seeds are scored on them
     truth = {
         (name, split): pd.read_parquet(GLUE / name / f"{split}.parquet", columns=["idx", "label"])
@@ -162,14 +164,17 @@ def log_to_finetune_runs(table: pd.DataFrame, experiment: str) -> None:
 
 
 def log_to_model_runs(
-    params: Params, summary: dict[str, Any], versus_scratch: dict[str, dict[str, Difference]], parent: str
+    params: FinetuneSections,
+    summary: dict[str, Any],
+    versus_scratch: dict[str, dict[str, Difference]],
+    parent: str,
 ) -> None:
     """What the MLflow UI shows without set-up: each model's pretrain run (found by the digest of the
     weights its fine-tunes loaded) and this execution's parent run get the model's GLUE scores and Δ
     vs scratch as metrics (`glue.<task>`, `glue.delta.<task>`) and the verdicts as tags."""
     from lmpipe.tracking import WEIGHTS_TAG, close_pipeline_run, find_run, log_to_run, set_run_tags
 
-    experiment = params.tracking.experiment
+    experiment = tracking_experiment()
     for model, found in versus_scratch.items():
         scores_of = {f"glue.{key}": value for key, value in summary[model]["pretrained"].items()}
         scores_of |= {f"glue.delta.{key}": d.delta for key, d in found.items()}
@@ -313,7 +318,7 @@ def in_short(
 
 
 def report(
-    params: Params,
+    params: FinetuneSections,
     scored: Scored,
     medians: dict[str, Any],
     summary: dict[str, Any],
@@ -449,10 +454,10 @@ def aligned_predictions(scored: Scored, seeds: list[int]) -> pd.DataFrame:
 
 
 def main() -> None:
-    params = load_params()
+    params = load_stage_params(FinetuneSections)
     with stage_run(
         "evaluate",
-        params.tracking.experiment,
+        tracking_experiment(),
         {
             "glue.tasks": params.glue.tasks,
             "finetune.seeds": params.finetune.seeds,
@@ -504,7 +509,7 @@ def main() -> None:
                 for key, d in found.items()
             }
         )
-        log_to_finetune_runs(scored.table, params.tracking.experiment)
+        log_to_finetune_runs(scored.table, tracking_experiment())
         log_to_model_runs(params, summary, versus_scratch, run.parent_id)
         for path in (GLUE_METRICS, GLUE_REPORT, GLUE_TABLE, GLUE_CHART):
             run.log_artifact(str(path))

@@ -17,9 +17,10 @@ from typing import Any
 
 from lmpipe.codedeps import ROOT, module_path
 from lmpipe.layout import TOKENIZER, final_checkpoint, hf_export
-from lmpipe.params import load_params
+from lmpipe.params.models import ModelsSections
+from lmpipe.params.project import load_stage_params
 from lmpipe.runtime import StageError, atomic_dir, log, run_main, sha256_file, write_json
-from lmpipe.tracking import stage_run
+from lmpipe.tracking import stage_run, tracking_experiment
 
 _CONTROL = 3  # SentencePiece's piece type of control symbols (our specials)
 _BPE = 2  # SentencePiece's model type of BPE (1: unigram)
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stages.export")
     parser.add_argument("model", help="a key of params.yaml: models")
     name = parser.parse_args(argv).model
-    params = load_params()
+    params = load_stage_params(ModelsSections)
     params.check_model(name)
 
     from models.hf import hf_layout
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     layout = hf_layout(model)
     weights = sha256_file(source / "model.safetensors")
     tags = {"model": name, "arch": model.cfg.arch, "hf_class": layout.architecture}
-    experiment = params.tracking.experiment
+    experiment = tracking_experiment()
     with (
         stage_run("export", experiment, {"model": name}, tags, f"export@{name}") as run,
         atomic_dir(hf_export(name)) as tmp,

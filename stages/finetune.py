@@ -20,7 +20,8 @@ import pandas as pd
 
 from lmpipe.glue.tasks import TASKS, GlueTask
 from lmpipe.layout import GLUE, TOKENIZER, final_checkpoint, finetune_dir, finetune_stage, predictions_sha256
-from lmpipe.params import FinetuneCommonParams, FinetuneTaskParams, Params, load_params
+from lmpipe.params.finetune import FinetuneCommonParams, FinetuneSections, FinetuneTaskParams
+from lmpipe.params.project import load_stage_params
 from lmpipe.runtime import (
     StageError,
     atomic_dir,
@@ -31,7 +32,14 @@ from lmpipe.runtime import (
     sha256_file,
     write_json,
 )
-from lmpipe.tracking import PREDICTIONS_TAG, WEIGHTS_TAG, find_run, finetune_run_key, stage_run
+from lmpipe.tracking import (
+    PREDICTIONS_TAG,
+    WEIGHTS_TAG,
+    find_run,
+    finetune_run_key,
+    stage_run,
+    tracking_experiment,
+)
 
 
 def tokenizer_meta() -> dict[str, Any]:
@@ -67,11 +75,11 @@ def encode(frame: pd.DataFrame, task: GlueTask, max_len: int, threads: int) -> l
     return [encode_pair(a, b, max_len) for a, b in zip(columns[0], seconds, strict=True)]
 
 
-def backbone(params: Params, name: str, init: str, vocab_size: int, seed: int) -> Any:
+def backbone(params: FinetuneSections, name: str, init: str, vocab_size: int, seed: int) -> Any:
     """The pretrained model, or a randomly initialised one of the same configuration."""
     import torch
 
-    from models.objectives import derived_seed
+    from models.training import derived_seed
     from models.transformer import Transformer, load_pretrained
 
     torch.manual_seed(derived_seed(seed, 0))  # the head's (and a scratch model's) initialisation
@@ -161,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init", choices=["pretrained", "scratch"], default="pretrained")
     args = parser.parse_args(argv)
     name, init = args.model, args.init
-    params = load_params()
+    params = load_stage_params(FinetuneSections)
     params.check_model(name)
     if args.task not in params.glue.tasks:
         raise StageError(
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from models.finetune import finetune
     from models.heads import SequenceHead
-    from models.objectives import NonFiniteLoss
+    from models.training import NonFiniteLoss
 
     # tracking: one run per seed, linked to the pretrain run of the weights it starts from
     tags = {
@@ -190,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     weights_sha = None
     if init == "pretrained":
         weights_sha = sha256_file(final_checkpoint(name) / "model.safetensors")
-        found = find_run(params.tracking.experiment, {"stage": "pretrain", WEIGHTS_TAG: weights_sha})
+        found = find_run(tracking_experiment(), {"stage": "pretrain", WEIGHTS_TAG: weights_sha})
         if found:
             tags["pretrain_run_id"] = found
     logged_params = {
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
             cfg = finetune_config(recipe, common, seed)
             with stage_run(
                 "finetune",
-                params.tracking.experiment,
+                tracking_experiment(),
                 {**logged_params, "seed": seed},
                 {**tags, **finetune_run_key(name, task.name, init, seed)},
                 run_name=f"{stage}/seed{seed}",

@@ -16,10 +16,16 @@ import pandas as pd
 from lmpipe.glue.tasks import GlueTask, read_tsv
 from lmpipe.glue.tasks import task as glue_task
 from lmpipe.layout import GLUE
-from lmpipe.params import GlueParams, load_params
+from lmpipe.params.glue import GlueParams
+from lmpipe.params.project import load_stage_params
+from lmpipe.params.schema import Sections
 from lmpipe.runtime import StageError, atomic_dir, log, run_main, write_json
 from lmpipe.schemas import glue_schema, validate
-from lmpipe.tracking import stage_run
+from lmpipe.tracking import stage_run, tracking_experiment
+
+
+class GlueSections(Sections):
+    glue: GlueParams = GlueParams(path="data/sample/glue", synthetic=True)
 
 
 def from_datasets(data: object, spec: GlueTask, where: str, splits: Sequence[str]) -> dict[str, pd.DataFrame]:
@@ -63,12 +69,12 @@ def read_task(
 
 
 def main() -> None:
-    params = load_params()
+    params = load_stage_params(GlueSections)
     cfg = params.glue
     specs = [glue_task(name, f"glue.tasks[{i}]") for i, name in enumerate(cfg.tasks)]
     with stage_run(
         "glue_prepare",
-        params.tracking.experiment,
+        tracking_experiment(),
         {"glue": cfg.model_dump()},
         {"data.synthetic": cfg.synthetic},
     ) as run:

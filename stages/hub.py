@@ -14,9 +14,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmpipe.layout import hub_dir, hub_metrics
-from lmpipe.params import HubParams, load_params
+from lmpipe.params.hub import HubParams
+from lmpipe.params.project import load_stage_params
+from lmpipe.params.schema import Sections, SourceName
 from lmpipe.runtime import StageError, atomic_dir, log, run_main, write_json
-from lmpipe.tracking import stage_run
+from lmpipe.tracking import stage_run, tracking_experiment
+
+
+class HubSections(Sections):
+    hub: dict[SourceName, HubParams] = {}
 
 
 def load(cfg: HubParams, key: str) -> Any:
@@ -46,14 +52,14 @@ def load(cfg: HubParams, key: str) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
-    params = load_params()
+    params = load_stage_params(HubSections)
     if len(args) != 1 or args[0] not in params.hub:
         known = ", ".join(params.hub) or "(none)"
         raise StageError(f"usage: python -m stages.hub <name>; the Hub datasets (hub) are: {known}")
     name = args[0]
     cfg = params.hub[name]
     tags = {"source": name}
-    with stage_run("hub", params.tracking.experiment, {"hub": {name: cfg.model_dump()}}, tags) as run:
+    with stage_run("hub", tracking_experiment(), {"hub": {name: cfg.model_dump()}}, tags) as run:
         data = load(cfg, f"hub.{name}")
         splits = data if hasattr(data, "keys") else {cfg.split or "train": data}
         with atomic_dir(hub_dir(name)) as tmp:

@@ -37,7 +37,10 @@ from lmpipe.data.parallel import shard_map
 from lmpipe.data.readers import FileReader, TextDecoder, detect_format, join_paragraphs, split_long
 from lmpipe.glue.tasks import task as glue_task
 from lmpipe.layout import ingest_metrics, ingest_work, raw_dir
-from lmpipe.params import Params, SourceParams, load_params
+from lmpipe.params.cluster import ClusterParams
+from lmpipe.params.ingest import IngestParams, SourceParams
+from lmpipe.params.project import load_stage_params
+from lmpipe.params.schema import Sections
 from lmpipe.runtime import (
     Meter,
     StageError,
@@ -50,7 +53,7 @@ from lmpipe.runtime import (
     write_json,
 )
 from lmpipe.schemas import DOCUMENTS, validate
-from lmpipe.tracking import stage_run
+from lmpipe.tracking import stage_run, tracking_experiment
 
 # a row group is the unit of work of `clean` (resumed as a whole, on one worker): small enough to
 # spread over the cores and to bound a worker's memory, large enough to keep per-shard overhead low
@@ -61,6 +64,11 @@ UNIT_BYTES = 64 << 20  # input bytes per unit of work: a task for a worker, a po
 UNIT_LOG_S = 30.0  # a unit still running after this long logs its progress (one large file)
 SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
 Document = tuple[str, str]  # (id, text)
+
+
+class IngestSections(Sections):
+    ingest: IngestParams
+    cluster: ClusterParams = ClusterParams()
 
 
 def _visible(path: Path, root: Path) -> bool:
@@ -369,7 +377,7 @@ def write_source(
     return writer.shards
 
 
-def ingest(name: str, params: Params, out: Path, counts: Counter) -> int:
+def ingest(name: str, params: IngestSections, out: Path, counts: Counter) -> int:
     """The source's documents as parts in `out`; returns the number of parts. Files are read in units
     (on every core or a Dask cluster, resumed after an interruption); a dataset or GLUE source is one
     stream, read here."""
@@ -392,7 +400,7 @@ def ingest(name: str, params: Params, out: Path, counts: Counter) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
-    params = load_params()
+    params = load_stage_params(IngestSections)
     cfg = params.ingest
     if len(args) != 1 or args[0] not in cfg.sources:
         known = ", ".join(cfg.sources)
@@ -402,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     synthetic = source.synthetic or (source.kind == "glue" and glue_manifest(source, key)["synthetic"])
     with stage_run(
         "ingest",
-        params.tracking.experiment,
+        tracking_experiment(),
         {"ingest": {"source": name, **source.model_dump(), "encoding_errors": cfg.encoding_errors}},
         {"data.synthetic": synthetic, "source": name},
     ) as run:

@@ -32,7 +32,10 @@ from lmpipe.data import resume
 from lmpipe.data.parallel import shard_map
 from lmpipe.data.resume import Shard
 from lmpipe.layout import CLEAN, PACK_WORK, TOKENIZER, TOKENS, clean_shards
-from lmpipe.params import PackParams, load_params
+from lmpipe.params.cluster import ClusterParams
+from lmpipe.params.pack import PackParams
+from lmpipe.params.project import load_stage_params
+from lmpipe.params.schema import Sections
 from lmpipe.runtime import (
     Meter,
     StageError,
@@ -43,12 +46,17 @@ from lmpipe.runtime import (
     run_main,
     write_json,
 )
-from lmpipe.tracking import stage_run
+from lmpipe.tracking import stage_run, tracking_experiment
 
 SPLITS = ("train", "val")
 POOL_DOCS = 200_000  # from this many documents on, a process per core (or a cluster) encodes the shards
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class PackSections(Sections):
+    pack: PackParams = PackParams()
+    cluster: ClusterParams = ClusterParams()
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -183,13 +191,13 @@ def pack(
 
 
 def main() -> None:
-    params = load_params()
+    params = load_stage_params(PackSections)
     cfg = params.pack
     manifest = read_json(CLEAN / "manifest.json", "clean")
     tok_meta = read_json(TOKENIZER / "tokenizer.json", "tokenizer")
     with stage_run(
         "pack",
-        params.tracking.experiment,
+        tracking_experiment(),
         {"seed": params.seed, "pack": cfg.model_dump()},
         {"data.synthetic": manifest["synthetic"], "tokenizer_sha256": tok_meta["sha256"]},
     ) as run:

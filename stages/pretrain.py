@@ -25,7 +25,8 @@ from typing import Any
 
 from lmpipe.codedeps import code_digest
 from lmpipe.layout import TOKENS, final_checkpoint, pretrain_curve, pretrain_metrics, resume_checkpoints
-from lmpipe.params import ObjectivesParams, Params, PretrainParams, load_params
+from lmpipe.params.pretrain import ObjectivesParams, PretrainParams, PretrainSections
+from lmpipe.params.project import load_stage_params
 from lmpipe.runtime import (
     StageError,
     atomic_dir,
@@ -36,7 +37,7 @@ from lmpipe.runtime import (
     sha256_file,
     write_json,
 )
-from lmpipe.tracking import WEIGHTS_TAG, flatten, lightning_logger
+from lmpipe.tracking import WEIGHTS_TAG, flatten, lightning_logger, tracking_experiment
 
 
 def train_config(objective: str, pretrain: PretrainParams, objectives: ObjectivesParams, seed: int) -> Any:
@@ -110,7 +111,7 @@ def world_size(run: PretrainParams) -> int:
     return (torch.cuda.device_count() if gpus else 1) * run.num_nodes
 
 
-def planned_train_flops(params: Params, name: str, vocab_size: int) -> int:
+def planned_train_flops(params: PretrainSections, name: str, vocab_size: int) -> int:
     """The training FLOPs `pretrain@<name>` spends on its step budget as params.yaml sets it."""
     from models.flops import count_step_flops
 
@@ -120,7 +121,7 @@ def planned_train_flops(params: Params, name: str, vocab_size: int) -> int:
     return step * step_budget(name, params, run, step)
 
 
-def step_budget(name: str, params: Params, run: PretrainParams, flops_per_step: int) -> int:
+def step_budget(name: str, params: PretrainSections, run: PretrainParams, flops_per_step: int) -> int:
     """max_steps, or the steps `max_flops` pays for when it is set."""
     if run.max_flops is None:
         return run.max_steps
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stages.pretrain")
     parser.add_argument("model", help="a key of params.yaml: models")
     name = parser.parse_args(argv).model
-    params = load_params()
+    params = load_stage_params(PretrainSections)
     params.check_model(name)
     variant, run = params.models[name], params.pretrain_of(name)
     meta = read_json(TOKENS / "meta.json", "pack")
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from models.flops import count_step_flops, estimate_step_flops, peak_flops
     from models.lightning import PretrainModule, TokenDataModule
-    from models.objectives import NonFiniteLoss
+    from models.training import NonFiniteLoss
 
     if run.accelerator == "gpu" and not torch.cuda.is_available():
         raise StageError("params.yaml: pretrain.accelerator=gpu: no CUDA device is visible")
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     tags = {"model": name, "arch": variant.arch, "objective": variant.objective}
     tags |= {"data.synthetic": meta["synthetic"], "tokenizer_sha256": meta["tokenizer_sha256"]}
     logger = lightning_logger(
-        params.tracking.experiment, name, resume_dir / "mlflow_run_id", ckpt is not None, tags
+        tracking_experiment(), name, resume_dir / "mlflow_run_id", ckpt is not None, tags
     )
     if ckpt is None:
         logged = {"seed": params.seed, "model": variant.model_dump(exclude_none=True)}

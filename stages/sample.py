@@ -9,17 +9,23 @@ from __future__ import annotations
 
 from lmpipe.data.synthetic import corpus, glue_files
 from lmpipe.layout import SAMPLE
-from lmpipe.params import load_params
+from lmpipe.params.project import load_stage_params
+from lmpipe.params.sample import SampleParams
+from lmpipe.params.schema import Sections
 from lmpipe.runtime import atomic_dir, log, run_main, write_json
-from lmpipe.tracking import stage_run
+from lmpipe.tracking import stage_run, tracking_experiment
+
+
+class SampleSections(Sections):
+    sample: SampleParams = SampleParams()
 
 
 def main() -> None:
-    params = load_params()
+    params = load_stage_params(SampleSections)
     cfg = params.sample
     with stage_run(
         "sample",
-        params.tracking.experiment,
+        tracking_experiment(),
         {"seed": params.seed, "sample": cfg.model_dump()},
         {"data.synthetic": True},
     ) as run:

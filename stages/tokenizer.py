@@ -20,7 +20,9 @@ import sentencepiece as spm
 
 from lmpipe.data.readers import split_long
 from lmpipe.layout import CLEAN, CLEAN_METRICS, TOKENIZER, clean_shards
-from lmpipe.params import TokenizerParams, load_params
+from lmpipe.params.project import load_stage_params
+from lmpipe.params.schema import Sections
+from lmpipe.params.tokenizer import TokenizerParams
 from lmpipe.runtime import (
     Meter,
     StageError,
@@ -31,13 +33,15 @@ from lmpipe.runtime import (
     run_main,
     write_json,
 )
-from lmpipe.tracking import stage_run
+from lmpipe.tracking import stage_run, tracking_experiment
+from models.special import CONTROL_SYMBOLS, SPECIAL_IDS
 
-BASE_SPECIALS = {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3}
-CONTROL_SYMBOLS = ["[CLS]", "[SEP]", "[MASK]"] + [f"<extra_id_{i}>" for i in range(100)]
-SPECIAL_IDS = {**BASE_SPECIALS, **{piece: 4 + i for i, piece in enumerate(CONTROL_SYMBOLS)}}
 MAX_SENTENCE_CHARS = 16_000  # SentencePiece skips longer "sentences"; we cut them instead
 _TOO_BIG = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+
+
+class TokenizerSections(Sections):
+    tokenizer: TokenizerParams = TokenizerParams()
 
 
 def training_lines(
@@ -115,13 +119,13 @@ def check_specials(processor: spm.SentencePieceProcessor) -> None:
 
 
 def main() -> None:
-    params = load_params()
+    params = load_stage_params(TokenizerSections)
     cfg = params.tokenizer
     manifest = read_json(CLEAN / "manifest.json", "clean")
     clean_metrics = read_json(CLEAN_METRICS, "clean")
     with stage_run(
         "tokenizer",
-        params.tracking.experiment,
+        tracking_experiment(),
         {"seed": params.seed, "tokenizer": cfg.model_dump()},
         {"data.synthetic": manifest["synthetic"]},
     ) as run:

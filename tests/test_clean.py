@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lmpipe.data.quality import _DIGITS, _LETTERS, _SYMBOLS, RULES, char_class_counts, failed_rule, normalize
-from lmpipe.params import CleanParams
+from lmpipe.params.clean import CleanParams
 from stages import clean, ingest
 from tests.pipeline_helpers import clean_texts
 

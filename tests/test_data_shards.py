@@ -22,7 +22,7 @@ import pytest
 
 from lmpipe.data.synthetic import corpus
 from lmpipe.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards, ingest_work
-from lmpipe.params import load_params
+from lmpipe.params.project import load_params
 from lmpipe.runtime import StageError
 from stages import clean, ingest, pack, tokenizer
 from tests.conftest import ROOT, Workdir

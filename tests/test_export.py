@@ -103,7 +103,7 @@ def bpe_model(real_pipeline: Workdir, tmp_path_factory: pytest.TempPathFactory) 
     import pyarrow.parquet as pq
 
     from lmpipe.layout import clean_shards
-    from lmpipe.params import TokenizerParams
+    from lmpipe.params.tokenizer import TokenizerParams
     from stages.tokenizer import train
 
     texts = pq.read_table(clean_shards(real_pipeline.path / "data/clean")[0], columns=["text"])

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from lmpipe.params import FinetuneCommonParams, FinetuneTaskParams
+from lmpipe.params.finetune import FinetuneCommonParams, FinetuneTaskParams
 from models.config import ModelConfig
 from models.finetune import FinetuneConfig, epoch_batches, finetune, predict, warmup_linear
 from models.finetune_data import encode_pair
 from models.heads import SequenceHead
-from models.objectives import NonFiniteLoss
+from models.training import NonFiniteLoss
 from models.transformer import Transformer
 from stages.finetune import finetune_config
 

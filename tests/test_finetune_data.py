@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models.finetune_data import encode_pair, pad_batch
-from models.objectives import SPECIAL
+from models.special import SPECIAL
 
 CLS, SEP = SPECIAL.cls, SPECIAL.sep
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from lmpipe.params import ObjectivesParams, PretrainParams
+from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops, peak_flops
 from models.lightning import PretrainModule, make_batch

@@ -190,7 +190,7 @@ def test_metrics_agree_with_their_definitions(glue_dir: Path) -> None:
     import numpy as np
     import scipy.stats
 
-    from lmpipe.glue.tasks import glue_average, scores
+    from lmpipe.glue.metrics import glue_average, scores
 
     rng = np.random.default_rng(0)
     results = {}

@@ -294,7 +294,8 @@ def run_with_peak(workdir, source: str) -> tuple[subprocess.CompletedProcess[str
     code = (
         "import atexit, runpy, sys; atexit.register(lambda: print(next(line for line in "
         "open('/proc/self/status') if line.startswith('VmHWM')), file=sys.stderr)); "
-        f"sys.argv = ['stages.ingest', {source!r}]; runpy.run_module('stages.ingest', run_name='__main__')"
+        f"sys.argv = ['stages.ingest', {source!r}]; "
+        "runpy.run_module('stages.ingest', run_name='__main__', alter_sys=True)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from models.objectives import (
-    SPECIAL,
     batch_generator,
     causal_lm_batch,
     mask_tokens,
@@ -14,6 +13,7 @@ from models.objectives import (
     span_corrupt,
     span_corruption_lengths,
 )
+from models.special import SPECIAL
 
 V = 5000
 

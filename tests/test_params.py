@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmpipe.params import load_params, parse_params
+from lmpipe.params.project import load_params, parse_params
 from lmpipe.runtime import StageError
 from tests.conftest import DEFAULT_PARAMS, ROOT
 

@@ -22,7 +22,7 @@ import yaml
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from lmpipe.params import ObjectivesParams, PretrainParams
+from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
 from models.transformer import load_pretrained
 from stages.pretrain import train_config
 from tests.conftest import DEFAULT_PARAMS, ROOT, Workdir
@@ -319,7 +319,7 @@ def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdi
 
 def micro_batch_flops(project: Path, name: str) -> int:
     """FLOPs of one micro-batch of `name` as the project's params.yaml sets it up."""
-    from lmpipe.params import load_params
+    from lmpipe.params.project import load_params
     from models.flops import count_step_flops
 
     vocab = json.loads((project / "data/tokens/meta.json").read_text())["vocab_size"]
@@ -375,7 +375,7 @@ def test_a_training_step_never_reads_a_tensor_on_the_host(
     tensor, `.tolist()`, `.cpu()`. The losses are read at the log boundary, in one transfer, and the
     first one that is not finite is reported with its step."""
     from models.lightning import PretrainModule, make_batch
-    from models.objectives import NonFiniteLoss
+    from models.training import NonFiniteLoss
     from tests.test_flops import VARIANTS, configs
 
     model, train = configs(arch, objective, VARIANTS[0])

@@ -4,7 +4,7 @@ import json
 
 from lmpipe.data.quality import failed_rule, normalize
 from lmpipe.data.synthetic import SyntheticLanguage, corpus
-from lmpipe.params import CleanParams
+from lmpipe.params.clean import CleanParams
 from stages import sample
 
 

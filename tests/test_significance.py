@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from lmpipe.glue.tasks import TASKS, scores
+from lmpipe.glue.metrics import scores
+from lmpipe.glue.tasks import TASKS
 from lmpipe.report import significance
 from lmpipe.report.significance import average_difference, metric, paired_difference, score
 

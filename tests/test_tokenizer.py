@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 
 from lmpipe.runtime import StageError
-from stages.tokenizer import SPECIAL_IDS
+from models.special import SPECIAL_IDS
 from tests.pipeline_helpers import clean_texts, prepared, run_stages
 
 

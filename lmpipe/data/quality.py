@@ -17,7 +17,7 @@ import numpy as np
 from datasketch import LeanMinHash, MinHash
 
 from lmpipe.data.dedup import mix64
-from lmpipe.params import CleanParams
+from lmpipe.params.clean import CleanParams
 
 # control and format characters (zero-width spaces, BOMs, bidi marks) except the newline
 _INVISIBLE = re.compile(

@@ -1,0 +1,84 @@
+"""The fine-tuning sections: `glue` (where the tasks come from) and `finetune` (their recipes)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from lmpipe.glue.tasks import TASKS
+from lmpipe.params.glue import GlueParams
+from lmpipe.params.models import ModelsSections
+from lmpipe.params.schema import Fraction, Seed, Strict
+
+
+class FinetuneTaskParams(Strict):
+    """The fine-tuning recipe of one GLUE task."""
+
+    lr: float = Field(1e-4, gt=0)
+    epochs: int = Field(3, ge=1)
+    batch_size: int = Field(32, ge=1)
+    max_len: int = Field(128, ge=4, description="[CLS] a [SEP] b [SEP], longest side cut first")
+    warmup_ratio: Fraction = 0.1
+    max_train_rows: int | None = Field(None, ge=1, description="a seeded sample of the train split")
+    max_eval_rows: int | None = Field(None, ge=1, description="the first rows of each evaluation split")
+
+
+class FinetuneCommonParams(Strict):
+    """What every fine-tune shares."""
+
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="before the head")
+    encoder_pooling: Literal["cls", "mean"] = "cls"
+    encdec_pooling: Literal["mean_encoder", "first_decoder"] = "mean_encoder"
+    eval_batch_size: int = Field(128, ge=1)
+    group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
+    precision: Literal["32-true", "bf16-mixed"] = "32-true"
+    accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
+
+
+class FinetuneParams(Strict):
+    """Every pretrained model (and a from-scratch copy of it) fine-tuned on every task of `glue.tasks`,
+    once per seed; reports give the median over seeds."""
+
+    seeds: list[Seed] = Field([1, 2, 3], min_length=1)
+    common: FinetuneCommonParams = FinetuneCommonParams()
+    tasks: dict[str, FinetuneTaskParams] = {}
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct, got {seeds}")
+        return seeds
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks: dict[str, FinetuneTaskParams]) -> dict[str, FinetuneTaskParams]:
+        for name in tasks:
+            if name not in TASKS:
+                raise ValueError(f"'{name}' is not a GLUE task; the tasks are: {', '.join(TASKS)}")
+        return tasks
+
+
+class FinetuneSections(ModelsSections):
+    """The sections the fine-tunes and `evaluate` read, and what they must agree on."""
+
+    glue: GlueParams = GlueParams(path="data/sample/glue", synthetic=True)
+    finetune: FinetuneParams = FinetuneParams()
+
+    @model_validator(mode="after")
+    def _tasks_have_recipes(self) -> FinetuneSections:
+        for i, name in enumerate(self.glue.tasks):
+            recipe = self.finetune.tasks.get(name)
+            if recipe is None:
+                raise ValueError(f"finetune.tasks.{name}: required, glue.tasks[{i}] is '{name}'")
+            for model, variant in self.models.items():
+                max_len = variant.config_fields()["max_len"]
+                if recipe.max_len > max_len:
+                    raise ValueError(
+                        f"finetune.tasks.{name}.max_len ({recipe.max_len}) is longer than "
+                        f"models.{model}.max_len ({max_len})"
+                    )
+        return self

@@ -1,0 +1,74 @@
+"""The `models` section: named variants of the model code's presets."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from lmpipe.params.schema import Sections, Strict
+from lmpipe.runtime import StageError
+from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig
+
+
+class ModelParams(Strict):
+    """A named model variant: architecture, objective, a size preset and any overrides of it."""
+
+    arch: Literal["encoder", "decoder", "encoder_decoder"]
+    objective: Literal["mlm", "clm", "span"]
+    preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
+    d_model: int | None = Field(None, ge=8)
+    n_layers: int | None = Field(None, ge=1)
+    n_decoder_layers: int | None = Field(None, ge=1)
+    n_heads: int | None = Field(None, ge=1)
+    d_ff: int | None = Field(None, ge=1)
+    max_len: int | None = Field(None, ge=8)
+    dropout: float | None = Field(None, ge=0.0, lt=1.0)
+    mlp: Literal["gelu", "swiglu"] | None = None
+    norm: Literal["layernorm", "rmsnorm"] | None = None
+    norm_position: Literal["pre", "post"] | None = None
+    positions: Literal["learned", "sinusoidal", "rope"] | None = None
+    bias: bool | None = None
+
+    @model_validator(mode="after")
+    def _objective_fits_arch(self) -> ModelParams:
+        expected = OBJECTIVE_OF_ARCH[self.arch]
+        if self.objective != expected:
+            raise ValueError(
+                f"objective '{self.objective}' does not fit arch '{self.arch}' (use '{expected}')"
+            )
+        return self
+
+    def config_fields(self) -> dict[str, Any]:
+        """Preset values overridden by what this variant sets."""
+        overrides = self.model_dump(exclude={"arch", "objective", "preset"}, exclude_none=True)
+        return {**PRESETS[self.preset], **overrides}
+
+    def config(self, vocab_size: int = ModelConfig.vocab_size) -> ModelConfig:
+        """The model code's config of this variant (its own rules checked: a ValueError says which)."""
+        return ModelConfig(arch=self.arch, vocab_size=vocab_size, **self.config_fields())
+
+
+class ModelsSections(Sections):
+    """The sections of a stage that takes a model's name."""
+
+    models: dict[str, ModelParams] = {}
+
+    @model_validator(mode="after")
+    def _model_names(self) -> ModelsSections:
+        for name in self.models:
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"models.{name}: model names may use letters, digits, '_' and '-'")
+        for name, variant in self.models.items():
+            try:  # the model's own rules (head sizes, layers per arch), before any stage starts
+                variant.config()
+            except ValueError as exc:
+                raise ValueError(f"models.{name}: {exc}") from None
+        return self
+
+    def check_model(self, name: str) -> None:
+        """A stage's `<model>` argument names a variant of `models`, or one line says which there are."""
+        if name not in self.models:
+            known = ", ".join(self.models) or "(none)"
+            raise StageError(f"params.yaml: models.{name}: no such model; the models are: {known}")

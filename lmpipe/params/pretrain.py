@@ -1,0 +1,121 @@
+"""The pretraining sections: `objectives`, `pretrain`, and their rules across `models`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from lmpipe.params.models import ModelsSections
+from lmpipe.params.schema import Fraction, Strict, _problems
+
+
+class MLMParams(Strict):
+    mask_rate: float = Field(0.15, gt=0.0, lt=1.0)
+    mask_fraction: Fraction = 0.8
+    random_fraction: Fraction = 0.1
+
+    @model_validator(mode="after")
+    def _split(self) -> MLMParams:
+        if self.mask_fraction + self.random_fraction > 1.0:
+            raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
+        return self
+
+
+class CLMParams(Strict):
+    """Next-token prediction has no knobs; the section exists so DVC can depend on it like the others."""
+
+
+class SpanParams(Strict):
+    noise_density: float = Field(0.15, gt=0.0, lt=1.0)
+    mean_span_length: float = Field(3.0, ge=1.0)
+
+
+class ObjectivesParams(Strict):
+    mlm: MLMParams = MLMParams()
+    clm: CLMParams = CLMParams()
+    span: SpanParams = SpanParams()
+
+
+class PretrainParams(Strict):
+    seq_len: int = Field(128, ge=8)
+    batch_size: int = Field(16, ge=1)
+    max_steps: int = Field(200, ge=1)
+    max_minutes: float | None = Field(None, gt=0, description="wall-clock budget; stops early if reached")
+    max_flops: float | None = Field(
+        None, gt=0, description="a budget in training FLOPs: it sets the step count in place of max_steps"
+    )
+    accumulate: int = Field(1, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: Fraction = 0.1
+    weight_decay: float = Field(0.01, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.98, ge=0, lt=1)
+    grad_clip: float = Field(1.0, ge=0, description="0 = no clipping")
+    sampling: Literal["random", "epoch"] = "random"
+    num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="DataLoader workers; auto: up to 4 per GPU, none on the CPU"
+    )
+    val_every: int = Field(50, ge=1)
+    val_batches: int = Field(4, ge=1)
+    checkpoint_every: int = Field(100, ge=1)
+    log_every: int = Field(10, ge=1)
+    precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
+    accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
+    devices: int | Literal["auto"] = Field(1, description="processes (GPUs) per node")
+    num_nodes: int = Field(1, ge=1, description="nodes of a torchrun or SLURM launch (Lightning's)")
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
+    compile: bool = False
+    models: dict[str, dict[str, Any]] = Field(
+        {}, description="per model of `models`: its own values of the keys above (e.g. a step budget)"
+    )
+
+    @model_validator(mode="after")
+    def _steps(self) -> PretrainParams:
+        if self.max_flops is None and self.warmup_steps > self.max_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be <= max_steps ({self.max_steps})")
+        if self.precision == "16-mixed" and self.accelerator == "cpu":
+            raise ValueError("precision 16-mixed needs a GPU; use bf16-mixed on the CPU")
+        if self.strategy == "fsdp" and self.accelerator == "cpu":
+            # PyTorch's FSDP needs an accelerator (and Lightning CUDA): said here, before a run starts
+            raise ValueError("strategy fsdp needs a GPU; use ddp on the CPU")
+        return self
+
+
+class PretrainSections(ModelsSections):
+    """The sections `pretrain@<model>` reads, and what they must agree on."""
+
+    objectives: ObjectivesParams = ObjectivesParams()
+    pretrain: PretrainParams = PretrainParams()
+
+    def pretrain_of(self, model: str) -> PretrainParams:
+        """The pretrain section as it applies to `model`: its `pretrain.models.<model>` values on top."""
+        overrides = self.pretrain.models.get(model, {})
+        return PretrainParams.model_validate({**self.pretrain.model_dump(exclude={"models"}), **overrides})
+
+    @model_validator(mode="after")
+    def _pretrain_overrides(self) -> PretrainSections:
+        for name, overrides in self.pretrain.models.items():
+            if name not in self.models:
+                raise ValueError(
+                    f"pretrain.models.{name}: no such model; the models are: {', '.join(self.models)}"
+                )
+            if "models" in overrides:
+                raise ValueError(f"pretrain.models.{name}.models: unknown key")
+            try:
+                self.pretrain_of(name)
+            except ValidationError as exc:
+                raise ValueError(_problems(exc, f"pretrain.models.{name}")) from None
+        return self
+
+    @model_validator(mode="after")
+    def _models_fit_sequences(self) -> PretrainSections:
+        for name, variant in self.models.items():
+            max_len, seq_len = variant.config_fields()["max_len"], self.pretrain_of(name).seq_len
+            own = "seq_len" in self.pretrain.models.get(name, {})
+            key = f"pretrain.models.{name}.seq_len" if own else "pretrain.seq_len"
+            if max_len < seq_len:
+                raise ValueError(f"models.{name}.max_len ({max_len}) is shorter than {key} ({seq_len})")
+        return self

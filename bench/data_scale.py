@@ -179,8 +179,17 @@ def main() -> None:
             logs = np.log([r["mb"] for r in points])
             a = np.polyfit(logs, np.log([r["seconds"] for r in points]), 1)[0]
             b = np.polyfit(logs, np.log([r["peak_rss_mb"] for r in points]), 1)[0]
-            print(json.dumps({"measure": "growth", "stage": stage, "time_exponent_a": round(a, 3),
-                              "rss_exponent_b": round(b, 3)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "measure": "growth",
+                        "stage": stage,
+                        "time_exponent_a": round(a, 3),
+                        "rss_exponent_b": round(b, 3),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -28,12 +28,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lmpipe.data.packing import pack  # noqa: E402
 from lmpipe.layout import PACK_WORK, clean_shards  # noqa: E402
 from lmpipe.params.pack import PackParams  # noqa: E402
 from lmpipe.params.project import load_params  # noqa: E402
 from lmpipe.runtime import cpu_threads  # noqa: E402
 from stages import clean, ingest, tokenizer  # noqa: E402
-from stages.pack import pack  # noqa: E402
 
 _reference_processor: spm.SentencePieceProcessor | None = None
 

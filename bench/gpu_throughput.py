@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig  # noqa: E402
 from models.flops import count_step_flops, peak_flops  # noqa: E402
 from models.lightning import PretrainModule, TrainConfig, make_batch  # noqa: E402
-from models.objectives import batch_generator
+from models.objectives.base import batch_generator
 
 # the recipes' objective settings (BERT's 15 % with 80/10/10, T5's 15 % in spans of 3), as params.yaml
 OBJECTIVE_ARGS = {
@@ -223,8 +223,15 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
+    names = (
+        [
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        if cpuinfo.exists()
+        else []
+    )
     return f"{names[0] if names else platform.machine()}, {torch.get_num_threads()} threads"
 
 

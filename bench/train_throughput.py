@@ -23,10 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmpipe.params.pretrain import ObjectivesParams, PretrainParams  # noqa: E402
+from lmpipe.pretraining import train_config  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from models.lightning import PretrainModule, make_batch  # noqa: E402
-from models.objectives import batch_generator
-from stages.pretrain import train_config  # noqa: E402
+from models.objectives.base import batch_generator
 
 V, D, LAYERS, HEADS, FF, SEQ, BATCH = 16000, 256, 4, 4, 1024, 128, 16
 ARCH = {"mlm": "encoder", "clm": "decoder", "span": "encoder_decoder"}

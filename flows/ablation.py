@@ -98,7 +98,7 @@ def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> l
 def equal_flops_budget(points: Sequence[Params], base: int) -> tuple[float, str]:
     """The FLOPs every point gets: what the baseline point's one model spends on its step budget; and
     that in words. Every model of every point must afford its warmup on it."""
-    from stages.pretrain import planned_train_flops
+    from lmpipe.pretraining import planned_train_flops
 
     baseline = points[base]
     if len(baseline.models) != 1:
@@ -261,8 +261,8 @@ def comparison(
     (median over seeds) with their std over seeds; Δ against scratch with its interval and verdict (from
     the point's evaluate stage); Δ against the baseline point's model with interval and verdict (a paired
     bootstrap over the same dev examples, as `evaluate` does); the final pretraining loss."""
+    from lmpipe.report.glue import read_aligned
     from lmpipe.report.significance import compare
-    from stages.evaluate import read_aligned
 
     base_runs, _, base_idx = (
         read_aligned(results[baseline.index]["predictions"]) if baseline.index in results else ({}, {}, {})

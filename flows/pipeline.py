@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import State, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
+from prefect.states import Cancelled, Completed
 from prefect.tasks import exponential_backoff
 
 from flows.common import (
@@ -175,13 +176,31 @@ class StageResult:
     where: str = ""  # for a dispatched stage: its attempts on the pool
 
 
+UP_TO_DATE = "up to date: dvc status reports no change"
+
+
+def cached(result: StageResult) -> State:
+    """A stage that did not need to run, in Prefect's Cached state: the UI shows the whole graph."""
+    return Completed(name="Cached", message=UP_TO_DATE, data=result)
+
+
+@task(task_run_name="{name}")
+def up_to_date(name: str) -> State:
+    return cached(StageResult(name, False, 0.0))
+
+
+@task(task_run_name="{name}")
+def not_run(name: str, failed: str) -> State:
+    return Cancelled(name="NotRun", message=f"not run: upstream {failed} failed")
+
+
 @task(task_run_name="{node.name}")
-def run_stage(repo_dir: Path, node: StageNode, recheck: bool, env: Mapping[str, str]) -> StageResult:
+def run_stage(repo_dir: Path, node: StageNode, recheck: bool, env: Mapping[str, str]) -> StageResult | State:
     """`dvc repro -s <stage>`: skip if up to date, else its command, then its outputs into DVC."""
     logger = get_run_logger()
     started = time.perf_counter()
     if recheck and node.name not in changed(repo_dir, [node.name]):
-        return StageResult(node.name, False, time.perf_counter() - started)
+        return cached(StageResult(node.name, False, time.perf_counter() - started))
     for cmd in node.cmds:
         logger.info("%s: %s", node.name, cmd)
         result = subprocess.run(
@@ -206,13 +225,13 @@ def run_stage_on_pool(
     env: Mapping[str, str],
     target: Target,
     overrides: list[str],
-) -> StageResult:
+) -> StageResult | State:
     """The stage as a flow run on any worker of the pool (run again after a crash, `meta.retries`
     times at most); back here through the remotes: `dvc repro` restores it from the run cache the
     worker pushed, so dvc.lock records it as if it had run here."""
     started = time.perf_counter()
     if recheck and node.name not in changed(repo_dir, [node.name]):
-        return StageResult(node.name, False, time.perf_counter() - started)
+        return cached(StageResult(node.name, False, time.perf_counter() - started))
     remote = target.dvc_remote_args()
     dvc_checked(repo_dir, "push", "--run-cache", *remote, *node.upstream)  # what the worker needs
     parent_run_id = env.get(PARENT_RUN_ENV) or os.environ.get(PARENT_RUN_ENV, "")
@@ -266,9 +285,11 @@ def schedule(
     while pending or running:
         for name in list(pending):
             node = nodes[name]
-            if any(up in summary.failed or up in summary.not_run for up in node.upstream):
+            failed = [up for up in node.upstream if up in summary.failed or up in summary.not_run]
+            if failed:
                 pending.remove(name)
                 summary.not_run.append(name)
+                not_run(name, failed[0], return_state=True)  # a task run all the same, for the UI
                 continue
             if not all(up in done for up in node.upstream if up in nodes):
                 continue
@@ -278,6 +299,7 @@ def schedule(
                 done[name] = False
                 summary.skipped.append(name)
                 summary.seconds[name] = 0.0
+                up_to_date(name, return_state=True)
                 continue
             dispatched = target is not None and node.gpu
             gpu_busy = sum(n.gpu for n in running.values())

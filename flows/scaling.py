@@ -238,8 +238,8 @@ def scaling(
     L(N). The profile, the pool and the MLflow layout are the ablation flow's."""
     from flows import ablation as sweeps
     from flows import profile as profiles
+    from lmpipe.pretraining import world_size
     from lmpipe.tracking import FlowTracking, git_commit, tracking_experiment
-    from stages.pretrain import world_size
 
     logger = get_run_logger()
     repo_dir = Path(repo).resolve()

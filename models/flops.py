@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from models.config import ModelConfig
 from models.lightning import PretrainModule, TrainConfig
-from models.objectives import span_corruption_lengths
+from models.objectives import OBJECTIVES
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, by a part of
 # torch.cuda.get_device_name(); the longest matching key wins ("A100" before "A10").
@@ -40,28 +40,12 @@ def peak_flops(device_name: str) -> float | None:
 
 def lengths(train: TrainConfig) -> tuple[int, int, int]:
     """(encoder or decoder-only length, decoder length of an encoder-decoder, predictions per batch)."""
-    b, t = train.batch_size, train.seq_len
-    if train.objective == "mlm":
-        return t, 0, round(train.objective_args["mask_rate"] * b * t)  # the expected selection
-    if train.objective == "clm":
-        return t, 0, b * t
-    _, targets = span_corruption_lengths(
-        t, train.objective_args["noise_density"], train.objective_args["mean_span_length"]
-    )
-    return t, targets, b * targets
+    return OBJECTIVES[train.objective].lengths(train.batch_size, train.seq_len, train.objective_args)
 
 
 def example_batch(train: TrainConfig) -> dict[str, Tensor]:
     """A batch of the objective's shapes, on the meta device."""
-    b, (t, targets, predicted) = train.batch_size, lengths(train)
-    meta = {"dtype": torch.long, "device": "meta"}
-    if train.objective == "mlm":
-        return {
-            "input_ids": torch.zeros(b, t, **meta),
-            "positions": torch.zeros(predicted, **meta),
-            "labels": torch.zeros(predicted, **meta),
-        }
-    return {"input_ids": torch.zeros(b, t, **meta), "labels": torch.zeros(b, targets or t, **meta)}
+    return OBJECTIVES[train.objective].example_batch(train.batch_size, train.seq_len, train.objective_args)
 
 
 def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:

@@ -19,14 +19,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from models.config import ModelConfig, Objective
-from models.objectives import (
-    batch_generator,
-    causal_lm_batch,
-    mask_tokens,
-    span_corrupt,
-    span_corruption_lengths,
-)
-from models.special import SpecialIds
+from models.objectives import OBJECTIVES
+from models.objectives.base import batch_generator
 from models.training import derived_seed, read_losses
 from models.transformer import Transformer, weight_decay_groups
 
@@ -36,8 +30,8 @@ DROPOUT_STREAM = 2**41
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What shapes a pretraining run's trajectory. `stages.pretrain.train_config` builds it from
-    params.yaml, whose schema (lmpipe/params.py) holds the one set of defaults."""
+    """What shapes a pretraining run's trajectory. `lmpipe.pretraining.train_config` builds it from
+    params.yaml (lmpipe/params/pretrain.py)."""
 
     objective: Objective
     objective_args: dict[str, float]  # params.yaml `objectives.<objective>`
@@ -57,29 +51,14 @@ class TrainConfig:
     val_batches: int
 
     def row_length(self) -> int:
-        """Tokens read per row: inputs plus the shifted target (CLM) or the raw span-corruption length."""
-        if self.objective == "clm":
-            return self.seq_len + 1
-        if self.objective == "span":
-            args = self.objective_args
-            return span_corruption_lengths(self.seq_len, args["noise_density"], args["mean_span_length"])[0]
-        return self.seq_len
+        """Tokens read per row: the inputs, plus the shifted target (CLM) or what span corruption removes."""
+        return OBJECTIVES[self.objective].row_length(self.seq_len, self.objective_args)
 
 
 def make_batch(
     rows: Tensor, cfg: TrainConfig, generator: torch.Generator, vocab_size: int
 ) -> dict[str, Tensor]:
-    args = cfg.objective_args
-    if cfg.objective == "mlm":
-        masked = mask_tokens(
-            rows, generator, vocab_size, args["mask_rate"], args["mask_fraction"], args["random_fraction"]
-        )
-        return {"input_ids": masked.input_ids, "positions": masked.positions, "labels": masked.labels}
-    if cfg.objective == "clm":
-        inputs, targets = causal_lm_batch(rows)
-        return {"input_ids": inputs, "labels": targets}
-    spans = span_corrupt(rows, generator, args["noise_density"], args["mean_span_length"])
-    return {"input_ids": spans.input_ids, "labels": spans.target_ids}
+    return OBJECTIVES[cfg.objective].batch(rows, cfg.objective_args, generator, vocab_size)
 
 
 class PackedBatches(IterableDataset):
@@ -215,7 +194,6 @@ class PretrainModule(L.LightningModule):
         self.cfg = TrainConfig(**train)
         self.model = Transformer(self.model_cfg)
         self.compile = compile
-        self.special = SpecialIds()
         self.history: list[dict[str, float]] = []
         self._train_losses: list[tuple[int, Tensor]] = []  # on the device until the next log boundary
         self._last_log: tuple[float, int] | None = None  # the clock and step of the last boundary
@@ -229,21 +207,7 @@ class PretrainModule(L.LightningModule):
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
         """Cross-entropy, correct predictions and the number of predicted tokens."""
-        ids, labels = batch["input_ids"], batch["labels"]
-        net = self.model
-        if self.cfg.objective == "mlm":
-            hidden = net(ids)
-            # LM head and loss only where a token was selected: the main speed lever at small sizes
-            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["positions"])
-            logits = self.model.lm_logits(hidden)
-        elif self.cfg.objective == "clm":
-            logits = self.model.lm_logits(net(ids)).flatten(0, 1)
-            labels = labels.flatten()
-        else:
-            start = torch.full_like(labels[:, :1], self.special.bos)
-            decoder_ids = torch.cat([start, labels[:, :-1]], dim=1)
-            logits = self.model.lm_logits(net(ids, decoder_ids=decoder_ids)).flatten(0, 1)
-            labels = labels.flatten()
+        logits, labels = OBJECTIVES[self.cfg.objective].logits_and_labels(self.model, batch)
         loss = F.cross_entropy(logits.float(), labels)
         correct = (logits.argmax(-1) == labels).sum()
         return loss, correct, labels.numel()

@@ -12,22 +12,10 @@ so a killed run resumes from its finished shards, with the same outputs as an un
 
 from __future__ import annotations
 
-import json
 import shutil
-from collections import Counter
-from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from lmpipe.data import dedup, resume
-from lmpipe.data.parallel import shard_map
-from lmpipe.data.quality import RULES, Words, exact_key, failed_rule, minhash_signature, normalize
-from lmpipe.data.resume import Shard
+from lmpipe.data.cleaning import clean
+from lmpipe.data.quality import RULES
 from lmpipe.layout import CLEAN, CLEAN_METRICS, CLEAN_WORK, raw_dir
 from lmpipe.params.clean import CleanParams
 from lmpipe.params.cluster import ClusterParams
@@ -35,177 +23,21 @@ from lmpipe.params.ingest import IngestParams
 from lmpipe.params.project import load_stage_params
 from lmpipe.params.schema import Sections
 from lmpipe.runtime import (
-    Meter,
     StageError,
     atomic_dir,
-    atomic_file,
     cpu_threads,
     log,
     read_json,
     run_main,
     write_json,
 )
-from lmpipe.schemas import DOCUMENTS, validate
 from lmpipe.tracking import stage_run, tracking_experiment
-
-SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
 
 
 class CleanSections(Sections):
     clean: CleanParams = CleanParams()
     ingest: IngestParams  # which sources' documents it reads
     cluster: ClusterParams = ClusterParams()
-
-
-@dataclass(frozen=True)
-class Job:
-    """What every task of one run shares (sent to each worker)."""
-
-    cfg: CleanParams
-    seed: int
-    bands: int
-    band_rows: int
-    work: str  # absolute: workers on a cluster run elsewhere
-
-    def judged(self, shard: Shard) -> Path:
-        return Path(self.work) / "judged" / f"{shard.index:06d}"
-
-
-def judge(job: Job, shard: Shard) -> dict[str, int]:
-    """Phase 1: normalise, apply the rules, and key and sign the documents that pass."""
-    folder = job.judged(shard)
-    if folder.exists():  # finished by an earlier, interrupted run (written whole or not at all)
-        return json.loads((folder / "counts.json").read_text())
-    table = pq.ParquetFile(shard.path).read_row_group(shard.row_group, columns=["id", "source", "text"])
-    counts: Counter = Counter(documents_in=table.num_rows)
-    kept_rows, index, keys, signatures = [], [], [], []
-    ids, sources, texts = (table.column(i).to_pylist() for i in range(3))
-    for row, (doc_id, source, raw) in enumerate(zip(ids, sources, texts, strict=True)):
-        counts["characters_in"] += len(raw)
-        text = normalize(raw)
-        words = Words(text)
-        rule = failed_rule(text, job.cfg, words)
-        if rule is not None:
-            counts[f"dropped.{rule}"] += 1
-            continue
-        kept_rows.append((doc_id, source, text))
-        index.append(shard.offset + row)
-        keys.append(np.frombuffer(exact_key(text), dtype=np.uint64))
-        if job.cfg.near_dedup.enabled:
-            signatures.append(minhash_signature(words, job.cfg, job.seed).hashvalues)
-
-    with atomic_dir(folder) as tmp:
-        frame = pd.DataFrame(kept_rows, columns=["id", "source", "text"])
-        pq.write_table(pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False), tmp / "kept.parquet")
-        np.save(tmp / "index.npy", np.array(index, dtype=np.int64))
-        np.save(tmp / "exact.npy", np.array(keys, dtype=np.uint64).reshape(-1, 2))
-        if signatures:
-            np.save(tmp / "bands.npy", dedup.band_hashes(np.stack(signatures), job.bands, job.band_rows))
-        (tmp / "counts.json").write_text(json.dumps(dict(counts)))
-    return dict(counts)
-
-
-def pair_task(job: Job, shards: list[Shard], task: tuple[str, int, int, int]) -> str:
-    """Phase 2: the duplicate pairs of one band (or of the exact keys) in one hash range."""
-    kind, band, part, parts = task
-    out = Path(job.work) / "pairs" / f"{kind}-{band:03d}-{part:04d}.npy"
-    if out.exists():
-        return str(out)
-    keys, index = [], []
-    for shard in shards:
-        folder = job.judged(shard)
-        shard_index = np.load(folder / "index.npy")
-        if not len(shard_index):
-            continue
-        if kind == "exact":
-            values = np.load(folder / "exact.npy")
-            first = values[:, 0]
-        else:
-            values = first = np.asarray(np.load(folder / "bands.npy", mmap_mode="r")[band])
-        chosen = dedup.in_partition(first, part, parts)
-        keys.append(values[chosen])
-        index.append(shard_index[chosen])
-    pairs = (
-        dedup.run_pairs(np.concatenate(keys), np.concatenate(index)) if keys else np.empty((2, 0), np.int64)
-    )
-    with atomic_file(out, "wb") as handle:
-        np.save(handle, pairs)
-    return str(out)
-
-
-def keep(job: Job, out_dir: str, shard: Shard) -> dict[str, int]:
-    """Phase 4: the shard's documents that are the first of their duplicate component."""
-    folder = job.judged(shard)
-    index = np.load(folder / "index.npy")
-    if not len(index):
-        return {"documents_kept": 0, "characters_kept": 0, "exact": 0, "near": 0}
-    root = np.load(Path(job.work) / "root.npy", mmap_mode="r")
-    exact = np.load(Path(job.work) / "exact_duplicate.npy", mmap_mode="r")
-    first = np.asarray(root[index]) == index
-    is_exact = np.asarray(exact[index]).astype(bool)
-    table = pq.read_table(folder / "kept.parquet").filter(pa.array(first))
-    path = Path(out_dir) / f"part-{shard.index:06d}.parquet"
-    if table.num_rows:
-        validate(DOCUMENTS, table.to_pandas(), str(path))
-        pq.write_table(table, path, compression="zstd")
-    return {
-        "documents_kept": table.num_rows,
-        "characters_kept": sum(map(len, table.column("text").to_pylist())),
-        "exact": int(is_exact.sum()),
-        "near": int((~first & ~is_exact).sum()),
-    }
-
-
-def clean(
-    files: list[Path], cfg: CleanParams, seed: int, workers: int, scheduler: str | None, out: Path
-) -> Counter:
-    """Every phase; the kept documents go to `out` as part-*.parquet. Returns the counts."""
-    bands, band_rows = dedup.lsh_params(cfg.near_dedup.threshold, cfg.near_dedup.num_perm)
-    job = Job(cfg, seed, bands, band_rows, str(CLEAN_WORK.resolve()))
-    resume.prepare(CLEAN_WORK, resume.fingerprint([cfg.model_dump(), seed], files, "stages.clean"))
-    shards = resume.shards_of(files)
-    done = sum(job.judged(s).exists() for s in shards)
-    if done:
-        log.info("clean: resuming: %d of %d shards were judged by an interrupted run", done, len(shards))
-    counts: Counter = Counter()
-    meter = Meter("clean", total_docs=sum(s.rows for s in shards))
-    for shard_counts in shard_map(partial(judge, job), shards, workers, scheduler, "clean"):
-        counts.update(shard_counts)
-        dropped = sum(v for k, v in shard_counts.items() if k.startswith("dropped."))
-        meter.update(shard_counts["documents_in"], shard_counts.get("characters_in", 0), dropped)
-    meter.close()
-
-    passed = counts["documents_in"] - sum(v for k, v in counts.items() if k.startswith("dropped."))
-    parts = dedup.partitions(passed)
-    tasks = [("exact", 0, p, parts) for p in range(parts)] if cfg.exact_dedup else []
-    if cfg.near_dedup.enabled:
-        tasks += [("band", b, p, parts) for b in range(bands) for p in range(parts)]
-    # the sorts of a small corpus take less than starting worker processes: then they run here
-    spread = passed > dedup.PART_DOCS // 4
-    pair_workers, pair_scheduler = (workers, scheduler) if spread else (1, None)
-    pair_task_of_job = partial(pair_task, job, shards)
-    pair_files = list(shard_map(pair_task_of_job, tasks, pair_workers, pair_scheduler, "clean"))
-    log.info("clean: duplicate pairs from %d sorts (%d bands, %d hash range(s))", len(tasks), bands, parts)
-
-    work = Path(job.work)
-    total = counts["documents_in"]
-    exact = np.lib.format.open_memmap(work / "exact_duplicate.npy", "w+", np.uint8, (total,))
-    for path in pair_files:
-        if Path(path).name.startswith("exact-"):
-            exact[np.load(path)[1]] = 1
-    exact.flush()
-    dedup.components(work / "root.npy", total, map(Path, pair_files))
-
-    for kept in shard_map(partial(keep, job, str(out.resolve())), shards, workers, scheduler, "clean"):
-        counts.update(
-            {
-                "documents_kept": kept["documents_kept"],
-                "characters_kept": kept["characters_kept"],
-                "dropped.exact_duplicate": kept["exact"],
-                "dropped.near_duplicate": kept["near"],
-            }
-        )
-    return counts
 
 
 def main() -> None:

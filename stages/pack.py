@@ -13,34 +13,16 @@ the outputs are the same bytes however the work ran.
 
 from __future__ import annotations
 
-import itertools
-import json
 import shutil
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import cache, partial
-from pathlib import Path
-from typing import TypeVar
 
-import numpy as np
-import pyarrow.parquet as pq
-import sentencepiece as spm
-
-from lmpipe.data import resume
-from lmpipe.data.parallel import shard_map
-from lmpipe.data.resume import Shard
+from lmpipe.data.packing import pack, token_dtype
 from lmpipe.layout import CLEAN, PACK_WORK, TOKENIZER, TOKENS, clean_shards
 from lmpipe.params.cluster import ClusterParams
 from lmpipe.params.pack import PackParams
 from lmpipe.params.project import load_stage_params
 from lmpipe.params.schema import Sections
 from lmpipe.runtime import (
-    Meter,
-    StageError,
     atomic_dir,
-    cpu_threads,
     log,
     read_json,
     run_main,
@@ -48,146 +30,10 @@ from lmpipe.runtime import (
 )
 from lmpipe.tracking import stage_run, tracking_experiment
 
-SPLITS = ("train", "val")
-POOL_DOCS = 200_000  # from this many documents on, a process per core (or a cluster) encodes the shards
-T = TypeVar("T")
-R = TypeVar("R")
-
 
 class PackSections(Sections):
     pack: PackParams = PackParams()
     cluster: ClusterParams = ClusterParams()
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
-
-
-def val_mask(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
-    """True for the documents of the validation split: at least one, and never all of them."""
-    if n_docs < 2:
-        raise StageError(f"pack: {n_docs} clean document(s); a train/val split needs at least 2")
-    n_val = min(max(1, round(n_docs * val_fraction)), n_docs - 1)
-    mask = np.zeros(n_docs, dtype=bool)
-    mask[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
-    return mask
-
-
-def flat_ids(encoded: list[list[int]], dtype: np.dtype) -> np.ndarray:
-    total = sum(map(len, encoded))
-    return np.fromiter(itertools.chain.from_iterable(encoded), dtype=dtype, count=total)
-
-
-def encode_batch(
-    processor: spm.SentencePieceProcessor, dtype: np.dtype, texts: list[str]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of the documents back to back, each followed by EOS, and each document's length."""
-    encoded = processor.encode(texts, out_type=int, add_eos=True, num_threads=1)
-    return flat_ids(encoded, dtype), np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-
-
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Iterator[R]:
-    """`map` on a thread pool, in order, with a bounded number of items in flight."""
-    with ThreadPoolExecutor(threads) as executor:
-        pending: deque[Future[R]] = deque()
-        for item in items:
-            pending.append(executor.submit(fn, item))
-            if len(pending) > 2 * threads:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-@dataclass(frozen=True)
-class Job:
-    """What every task of one run shares (sent to each worker)."""
-
-    model_file: str
-    dtype: str
-    threads: int  # encoding threads in a task: every core in this process, one in a pool's worker
-    batch_documents: int
-    work: str  # absolute: workers on a cluster run elsewhere
-
-    def folder(self, shard: Shard) -> Path:
-        return Path(self.work) / f"{shard.index:06d}"
-
-
-@cache
-def _processor(model_file: str) -> spm.SentencePieceProcessor:
-    return spm.SentencePieceProcessor(model_file=model_file)
-
-
-def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict[str, dict[str, int]]:
-    """A shard's tokens by split (each document's `is_val` flag) into the work folder, whole or not at
-    all. SentencePiece releases the GIL while it encodes, so small batches on a thread pool keep every
-    core busy, also while another thread turns ids into arrays."""
-    shard, is_val = task
-    folder = job.folder(shard)
-    if folder.exists():  # finished by an earlier, interrupted run
-        return json.loads((folder / "counts.json").read_text())
-    encode = partial(encode_batch, _processor(job.model_file), np.dtype(job.dtype))
-    counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
-    start = 0
-    with pq.ParquetFile(shard.path) as table_file, atomic_dir(folder) as tmp:
-        batches = (
-            b.column(0).to_pylist()
-            for b in table_file.iter_batches(
-                batch_size=job.batch_documents, row_groups=[shard.row_group], columns=["text"]
-            )
-        )
-        with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
-            for ids, lengths in ordered_map(encode, batches, job.threads):
-                doc_is_val = is_val[start : start + len(lengths)]
-                start += len(lengths)
-                token_is_val = np.repeat(doc_is_val, lengths)
-                for split, handle, picked, docs in (
-                    ("train", train, ~token_is_val, ~doc_is_val),
-                    ("val", val, token_is_val, doc_is_val),
-                ):
-                    chosen = ids[picked]
-                    chosen.tofile(handle)
-                    counts[split]["documents"] += int(docs.sum())
-                    counts[split]["tokens"] += len(chosen)
-        (tmp / "counts.json").write_text(json.dumps(counts))
-    return counts
-
-
-def pack(
-    documents: list[Path], model_file: Path, cfg: PackParams, seed: int, scheduler: str | None, out_dir: Path
-) -> dict[str, dict[str, int]]:
-    """Every shard encoded into the work folder (in this process on all cores, on a process pool for a
-    large corpus, or on a Dask cluster), then the shards' tokens concatenated in corpus order."""
-    vocab_size = _processor(str(model_file.resolve())).get_piece_size()
-    shards = resume.shards_of(documents)
-    n_docs = sum(s.rows for s in shards)
-    is_val = val_mask(n_docs, cfg.val_fraction, seed)
-    cores = cpu_threads(cfg.threads)
-    spread = scheduler is not None or n_docs > POOL_DOCS  # a pool's start-up costs more on less
-    workers, threads = (cores, 1) if spread else (1, cores)
-    dtype = token_dtype(vocab_size).name
-    job = Job(str(model_file.resolve()), dtype, threads, cfg.batch_documents, str(PACK_WORK.resolve()))
-    resume.prepare(
-        PACK_WORK, resume.fingerprint([cfg.model_dump(), seed], [*documents, model_file], "stages.pack")
-    )
-    done = sum(job.folder(s).exists() for s in shards)
-    if done:
-        log.info("pack: resuming: %d of %d shards were encoded by an interrupted run", done, len(shards))
-    counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
-    meter = Meter("pack", total_docs=n_docs)
-    tasks = [(s, is_val[s.offset : s.offset + s.rows]) for s in shards]
-    results = shard_map(partial(encode_shard, job), tasks, workers, scheduler, "pack")
-    for shard, shard_counts in zip(shards, results, strict=True):
-        for split in SPLITS:
-            for key in ("documents", "tokens"):
-                counts[split][key] += shard_counts[split][key]
-        meter.update(docs=shard.rows)
-    meter.close()
-    for split in SPLITS:
-        with open(out_dir / f"{split}.bin", "wb") as out:
-            for shard in shards:
-                with open(job.folder(shard) / f"{split}.bin", "rb") as part:
-                    shutil.copyfileobj(part, out, 16 << 20)
-    return counts
 
 
 def main() -> None:

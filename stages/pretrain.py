@@ -10,27 +10,28 @@ that shapes the run has changed.
 from __future__ import annotations
 
 import argparse
-import csv
-import hashlib
-import json
 import logging
-import os
-import shutil
 import time
 import warnings
-from dataclasses import fields, replace
-from datetime import timedelta
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
-from lmpipe.codedeps import code_digest
 from lmpipe.layout import TOKENS, final_checkpoint, pretrain_curve, pretrain_metrics, resume_checkpoints
-from lmpipe.params.pretrain import ObjectivesParams, PretrainParams, PretrainSections
+from lmpipe.params.pretrain import PretrainSections
 from lmpipe.params.project import load_stage_params
+from lmpipe.pretraining import (
+    export,
+    fingerprint,
+    loader_workers,
+    prepare_resume,
+    step_budget,
+    summarise,
+    train_config,
+    trainer_for,
+    world_size,
+    write_curve,
+)
 from lmpipe.runtime import (
     StageError,
-    atomic_dir,
-    atomic_file,
     log,
     read_json,
     run_main,
@@ -38,186 +39,6 @@ from lmpipe.runtime import (
     write_json,
 )
 from lmpipe.tracking import WEIGHTS_TAG, flatten, lightning_logger, tracking_experiment
-
-
-def train_config(objective: str, pretrain: PretrainParams, objectives: ObjectivesParams, seed: int) -> Any:
-    """params.yaml -> the Lightning module's config: the fields of `pretrain` it has, by name."""
-    from models.lightning import TrainConfig
-
-    shared = {f.name for f in fields(TrainConfig)} & set(PretrainParams.model_fields)
-    return TrainConfig(
-        objective=objective,
-        objective_args=getattr(objectives, objective).model_dump(),
-        seed=seed,
-        **pretrain.model_dump(include=shared),
-    )
-
-
-def fingerprint(*parts: Any) -> str:
-    """What a checkpoint must match to be resumed: everything that shapes the run's trajectory, the
-    stage's code included (the files dvc.yaml declares: a fixed bug must not be resumed around)."""
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
-    digest.update(code_digest("stages.pretrain").encode())
-    return digest.hexdigest()
-
-
-def prepare_resume(resume_dir: Path, run_fingerprint: str, is_rank_zero: bool) -> Path | None:
-    """The checkpoint to resume from, if one of the same run is there; else a clean directory."""
-    stamp = resume_dir / "fingerprint"
-    if not is_rank_zero:
-        return resume_dir / "last.ckpt" if stamp.exists() and (resume_dir / "last.ckpt").exists() else None
-    if resume_dir.exists() and (not stamp.exists() or stamp.read_text() != run_fingerprint):
-        log.info("pretrain: settings changed since the last checkpoint; starting afresh")
-        shutil.rmtree(resume_dir)
-    resume_dir.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(run_fingerprint)
-    last = resume_dir / "last.ckpt"
-    return last if last.exists() else None
-
-
-def export(model_cfg: Any, state: dict[str, Any], out: Path, extra: dict[str, Any]) -> None:
-    """The model's weights from the Lightning module's whole `state` (gathered from every process under
-    FSDP) and its config, as later stages load them."""
-    from safetensors.torch import save_model
-
-    from models.transformer import Transformer
-
-    model = Transformer(model_cfg)
-    model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()})
-    with atomic_dir(out) as tmp:
-        save_model(model, str(tmp / "model.safetensors"))  # save_model stores tied weights once
-        (tmp / "model.safetensors").chmod(0o644)
-        write_json(tmp / "config.json", {"model": model_cfg.to_dict(), **extra})
-
-
-def write_curve(path: Path, history: list[dict[str, float]]) -> None:
-    rows: dict[int, dict[str, float]] = {}
-    for entry in history:
-        rows.setdefault(int(entry["step"]), {}).update(entry)
-    with atomic_file(path) as handle:
-        writer = csv.DictWriter(handle, fieldnames=["step", "train_loss", "val_loss"])
-        writer.writeheader()
-        for step in sorted(rows):
-            writer.writerow({"step": step, **{k: v for k, v in rows[step].items() if k != "step"}})
-
-
-def world_size(run: PretrainParams) -> int:
-    """The processes that will train, on every node: a FLOPs budget is spent by all of them."""
-    if isinstance(run.devices, int):
-        return run.devices * run.num_nodes
-    import torch
-
-    gpus = run.accelerator in ("gpu", "auto") and torch.cuda.is_available()
-    return (torch.cuda.device_count() if gpus else 1) * run.num_nodes
-
-
-def planned_train_flops(params: PretrainSections, name: str, vocab_size: int) -> int:
-    """The training FLOPs `pretrain@<name>` spends on its step budget as params.yaml sets it."""
-    from models.flops import count_step_flops
-
-    variant, run = params.models[name], params.pretrain_of(name)
-    train_cfg = train_config(variant.objective, run, params.objectives, params.seed)
-    step = count_step_flops(variant.config(vocab_size), train_cfg) * run.accumulate * world_size(run)
-    return step * step_budget(name, params, run, step)
-
-
-def step_budget(name: str, params: PretrainSections, run: PretrainParams, flops_per_step: int) -> int:
-    """max_steps, or the steps `max_flops` pays for when it is set."""
-    if run.max_flops is None:
-        return run.max_steps
-    steps = int(run.max_flops // flops_per_step)
-    if steps < max(1, run.warmup_steps):
-        own = "max_flops" in params.pretrain.models.get(name, {})
-        key = f"pretrain.models.{name}.max_flops" if own else "pretrain.max_flops"
-        raise StageError(
-            f"params.yaml: {key}: {run.max_flops:.3g} FLOPs buys {steps} steps of {flops_per_step:.3g} "
-            f"FLOPs for {name}, fewer than warmup_steps ({run.warmup_steps}) or 1"
-        )
-    return steps
-
-
-def loader_workers(num_workers: int | str, on_gpu: bool, devices: int) -> int:
-    """`pretrain.num_workers`; "auto": up to 4 per GPU process from its share of the cores, and none on
-    the CPU, where a worker only takes cores from the step."""
-    if num_workers != "auto":
-        return int(num_workers)
-    if not on_gpu:
-        return 0
-    return min(4, max(1, len(os.sched_getaffinity(0)) // devices))
-
-
-def strategy_for(strategy: str) -> Any:
-    """`pretrain.strategy` as Lightning takes it; fsdp shards each transformer block as its own unit, so
-    that one block's weights at a time are gathered whole, not the whole model's."""
-    if strategy != "fsdp":
-        return strategy
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    from models.transformer import Block
-
-    return FSDPStrategy(auto_wrap_policy={Block})
-
-
-def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: Any) -> Any:
-    """Lightning's Trainer as params.yaml `pretrain` asks, checkpointing into `resume_dir`."""
-    import lightning as L
-    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
-
-    # in a terminal, a bar that reads the loss (a wait for the GPU) at the log steps, not at every step
-    bar = [TQDMProgressBar(refresh_rate=run.log_every)] if os.isatty(2) else []
-    return L.Trainer(
-        max_steps=max_steps,
-        max_time=timedelta(minutes=run.max_minutes) if run.max_minutes else None,
-        accelerator=run.accelerator,
-        devices=run.devices,
-        num_nodes=run.num_nodes,
-        strategy=strategy_for(run.strategy),
-        precision=run.precision,
-        accumulate_grad_batches=run.accumulate,
-        gradient_clip_val=run.grad_clip or None,
-        val_check_interval=run.val_every * run.accumulate,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        log_every_n_steps=run.log_every,
-        logger=logger,
-        enable_model_summary=False,
-        enable_progress_bar=bool(bar),
-        callbacks=[
-            ModelCheckpoint(
-                dirpath=resume_dir,
-                filename="step{step}",
-                every_n_train_steps=run.checkpoint_every,
-                save_top_k=1,
-                save_last=True,
-                auto_insert_metric_name=False,
-            ),
-            LearningRateMonitor(logging_interval="step"),
-            *bar,
-        ],
-    )
-
-
-def summarise(
-    trainer: Any, module: Any, run: PretrainParams, objective: str, flops: tuple[int, int]
-) -> dict[str, Any]:
-    """metrics/pretrain/<model>.json: no wall-clock time (it is in MLflow), so the same params give the
-    same bytes. `flops`: one micro-batch's counted and estimated FLOPs."""
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    steps, micro_batches = trainer.global_step, run.accumulate * trainer.world_size
-    budget = "max_flops" if run.max_flops else "max_steps"
-    return {
-        "steps": steps,
-        "stopped_by": budget if steps >= module.cfg.max_steps else "max_minutes",
-        "tokens_seen": steps * micro_batches * run.batch_size * run.seq_len,
-        "flops_per_step": flops[0] * micro_batches,
-        "train_flops": steps * micro_batches * flops[0],
-        "train_flops_estimate": steps * micro_batches * flops[1],  # 6·N·D + attention + LM head
-        "parameters": module.model.num_parameters(),
-        "train_loss": next((h["train_loss"] for h in reversed(module.history) if "train_loss" in h), None),
-        "val_loss": metrics.get("val/loss"),
-        f"val_{objective}_perplexity": metrics.get(f"val/{objective}_perplexity"),
-        f"val_{objective}_accuracy": metrics.get(f"val/{objective}_accuracy"),
-    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 
-from stages import clean, ingest, pack, pretrain, sample, tokenizer
 from tests.conftest import Workdir
 
-STAGES = {"sample": sample, "ingest": ingest, "clean": clean, "tokenizer": tokenizer, "pack": pack}
+
+def stage_main(name: str) -> Callable[..., None]:
+    """The entry point of `python -m stages.<name>`, to run in this process."""
+    return importlib.import_module(f"stages.{name}").main
 
 
 def clean_texts(project: Path) -> list[str]:
@@ -28,12 +32,12 @@ def run_stages(workdir: Workdir, *names: str) -> None:
         while queue:
             name = queue.pop(0)
             if name == "pretrain":
-                pretrain.main([queue.pop(0)])
+                stage_main("pretrain")([queue.pop(0)])
             elif name == "ingest":
                 for source in workdir.params["ingest"]["sources"]:
-                    ingest.main([source])
+                    stage_main("ingest")([source])
             else:
-                STAGES[name].main()
+                stage_main(name)()
 
 
 def prepared(path: Path, corpus_dir: Path | None, **overrides: object) -> Workdir:

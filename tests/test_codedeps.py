@@ -4,6 +4,7 @@ the ones lmpipe.layout names."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,16 @@ def reproduced(reproduced_template: Path, tmp_path_factory: pytest.TempPathFacto
 # what an edit to each file of the library may make stale: its own concern's stages, and no other
 SHAPE = {
     "lmpipe/data/synthetic.py": {"sample"},
+    "lmpipe/data/hub.py": {"hub"},
+    "lmpipe/data/ingesting.py": {"ingest"},
+    "lmpipe/data/cleaning.py": {"clean"},
+    "lmpipe/data/tokenizer.py": {"tokenizer"},
+    "lmpipe/data/packing.py": {"pack"},
+    "lmpipe/glue/prepare.py": {"glue_prepare"},
+    "lmpipe/pretraining.py": {"pretrain"},
+    "lmpipe/finetuning.py": {"finetune", "finetune_scratch"},
+    "lmpipe/report/glue.py": {"evaluate"},
+    "models/export.py": {"export"},
     "lmpipe/data/readers.py": {"ingest", "tokenizer"},
     "lmpipe/data/quality.py": {"clean"},
     "lmpipe/data/dedup.py": {"clean"},
@@ -134,7 +145,11 @@ SHAPE = {
     "lmpipe/params/glue.py": {"glue_prepare", "finetune", "finetune_scratch", "evaluate"},
     "lmpipe/params/finetune.py": {"finetune", "finetune_scratch", "evaluate"},
     "lmpipe/params/pretrain.py": {"pretrain"},
-    "models/objectives.py": {"pretrain"},
+    "models/objectives/__init__.py": {"pretrain"},  # the registry
+    "models/objectives/base.py": {"pretrain"},
+    "models/objectives/mlm.py": {"pretrain"},
+    "models/objectives/clm.py": {"pretrain"},
+    "models/objectives/span.py": {"pretrain"},
     "models/lightning.py": {"pretrain"},
     "models/flops.py": {"pretrain"},
     "models/training.py": {"pretrain", "finetune", "finetune_scratch"},
@@ -196,3 +211,29 @@ def test_an_edit_makes_stale_only_the_stages_of_its_concern(reproduced: Path) ->
             assert stages == graph, path
     documented = (ROOT / "docs/development.md").read_text()
     assert markdown(table) in documented, "docs/development.md: the code-deps table is not the measured one"
+
+
+def test_nothing_imports_a_stage_but_to_run_it() -> None:
+    """stages/ holds entry points only: the library, the models and the flows never import a stage,
+    and a test or benchmark imports one only to call its `main`."""
+    offences = []
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        relative = path.relative_to(ROOT)
+        if relative.parts[0] in ("stages", ".venv") or not relative.parts[0].isidentifier():
+            continue
+        tree = ast.parse(path.read_text())
+        # every use of a name: as `name.main` (running the stage) or anything else
+        mains = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "main"}
+        uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stages."):
+                offences.append(f"{relative}:{node.lineno}: from {node.module} import …")
+            elif isinstance(node, ast.ImportFrom) and node.module == "stages":
+                if relative.parts[0] in ("lmpipe", "models", "flows"):
+                    offences.append(f"{relative}:{node.lineno}: imports a stage")
+                for alias in node.names:
+                    name = alias.asname or alias.name
+                    other = [n.lineno for n in uses if n.id == name and id(n) not in mains]
+                    if other:
+                        offences.append(f"{relative}:{other[0]}: uses {name} other than {name}.main")
+    assert offences == []

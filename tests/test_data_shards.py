@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lmpipe.data import ingesting, packing
 from lmpipe.data.synthetic import corpus
 from lmpipe.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards, ingest_work
 from lmpipe.params.project import load_params
@@ -193,7 +194,7 @@ def packed(sharded: Workdir, reference: dict[str, bytes]) -> dict[str, bytes]:
 def test_pack_on_every_core_and_a_dask_cluster_gives_the_bytes_of_one_process(
     sharded: Workdir, packed: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pack, "POOL_DOCS", 0)  # a process per core however small the corpus
+    monkeypatch.setattr(packing, "POOL_DOCS", 0)  # a process per core however small the corpus
     sharded.set("pack.threads", 2)
     pack.main()
     assert tokens(sharded) == packed
@@ -208,7 +209,7 @@ def test_an_interrupted_pack_resumes_from_its_finished_shards(
     params = load_params()
     out = sharded.path / "elsewhere"
     out.mkdir()
-    pack.pack(clean_shards(), TOKENIZER / "spm.model", params.pack, params.seed, None, out)
+    packing.pack(clean_shards(), TOKENIZER / "spm.model", params.pack, params.seed, None, out)
     work = sharded.path / PACK_WORK
     finished = sorted(p for p in work.iterdir() if p.is_dir())
     assert len(finished) == len(clean_shards()) > 20
@@ -256,7 +257,7 @@ def test_ingest_units_on_every_core_and_a_dask_cluster_give_the_bytes_of_one_pro
     assert len(list((folder_source.path / "data/raw/books").glob("part-*"))) == 1
     assert whole.num_rows >= 300 and whole.column("id")[0].as_py() == "books/shelf-0/book-00.txt#0"
 
-    monkeypatch.setattr(ingest, "UNIT_BYTES", 6000)
+    monkeypatch.setattr(ingesting, "UNIT_BYTES", 6000)
     ingest.main(["books"])
     reference = raw(folder_source)
     assert len([p for p in reference if "/part-" in p]) > 10  # a part per unit
@@ -274,7 +275,7 @@ def test_ingest_units_on_every_core_and_a_dask_cluster_give_the_bytes_of_one_pro
 def test_a_failed_ingest_resumes_from_its_finished_units_and_rereads_an_edited_one(
     folder_source: Workdir, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(ingest, "UNIT_BYTES", 6000)
+    monkeypatch.setattr(ingesting, "UNIT_BYTES", 6000)
     jsonl = folder_source.path / "books/zz.jsonl"
     good = jsonl.read_text()
     jsonl.write_text(good + "{not json\n")  # the last unit's file: every unit before it finishes
@@ -297,7 +298,7 @@ def test_a_long_unit_logs_its_progress(
     folder_source: Workdir, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """One very large file is one unit: its worker says how far it is (here at every document)."""
-    monkeypatch.setattr(ingest, "UNIT_LOG_S", 0.0)
+    monkeypatch.setattr(ingesting, "UNIT_LOG_S", 0.0)
     with caplog.at_level(logging.INFO, logger="lmpipe"):
         ingest.main(["books"])
     progress = [r.message for r in caplog.records if r.message.startswith("ingest books, unit 1: ")]

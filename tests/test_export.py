@@ -14,9 +14,9 @@ import sentencepiece as spm
 import torch
 
 from models.config import PRESETS, ModelConfig
+from models.export import write_export
 from models.finetune_data import encode_pair
 from models.transformer import Transformer
-from stages.export import write_export
 from tests.conftest import Workdir
 from tests.pipeline_helpers import run_stages
 
@@ -102,9 +102,9 @@ def bpe_model(real_pipeline: Workdir, tmp_path_factory: pytest.TempPathFactory) 
     the tokenizer stage's own function on the real corpus."""
     import pyarrow.parquet as pq
 
+    from lmpipe.data.tokenizer import train
     from lmpipe.layout import clean_shards
     from lmpipe.params.tokenizer import TokenizerParams
-    from stages.tokenizer import train
 
     texts = pq.read_table(clean_shards(real_pipeline.path / "data/clean")[0], columns=["text"])
     lines = (

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from lmpipe.finetuning import finetune_config
 from lmpipe.params.finetune import FinetuneCommonParams, FinetuneTaskParams
 from models.config import ModelConfig
 from models.finetune import FinetuneConfig, epoch_batches, finetune, predict, warmup_linear
@@ -13,7 +14,6 @@ from models.finetune_data import encode_pair
 from models.heads import SequenceHead
 from models.training import NonFiniteLoss
 from models.transformer import Transformer
-from stages.finetune import finetune_config
 
 CFG = ModelConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
 

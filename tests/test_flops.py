@@ -10,10 +10,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
+from lmpipe.pretraining import train_config
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops, peak_flops
 from models.lightning import PretrainModule, make_batch
-from stages.pretrain import train_config
 
 ARCHS = [("encoder", "mlm"), ("decoder", "clm"), ("encoder_decoder", "span")]
 VARIANTS = [

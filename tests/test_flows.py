@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from uuid import UUID
 
 import dvc.api
 import mlflow
@@ -153,8 +154,21 @@ def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path, tmp_
     children = runs(f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     assert {run.data.tags["stage"] for run in children} >= {"clean", "pretrain", "finetune", "evaluate"}
 
-    second = pipeline(repo=str(project), retry_delay_s=0, max_parallel=2)
+    state = pipeline(repo=str(project), retry_delay_s=0, max_parallel=2, return_state=True)
+    second = state.result()
     assert second["ran"] == [] and set(second["skipped"]) == ALL_STAGES
+    # the server's view (Prefect's UI): every stage a task run, each in the Cached state
+    assert task_run_states(state.state_details.flow_run_id) == dict.fromkeys(ALL_STAGES, "Cached")
+
+
+def task_run_states(flow_run_id: UUID) -> dict[str, str]:
+    """Task run name -> its state's name, as the Prefect server has them for a flow run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {run.name: run.state.name for run in runs}
 
 
 def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -> None:
@@ -171,6 +185,9 @@ def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -
     assert isinstance(error, StageFailed)
     summary = error.summary
     assert list(summary.failed) == ["tokenizer"]
+    states = task_run_states(state.state_details.flow_run_id)
+    assert {name: states[name] for name in summary.not_run} == dict.fromkeys(summary.not_run, "NotRun")
+    assert states["tokenizer"] == "Failed"
     assert "tokenizer.vocab_size" in summary.failed["tokenizer"]  # the stage's own one-line error
     assert set(summary.not_run) == {
         "pack",
@@ -237,7 +254,7 @@ def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp
 
 def test_architecture_preset_trains_every_point_on_the_baselines_flops() -> None:
     from flows.profile import validate
-    from stages.pretrain import planned_train_flops
+    from lmpipe.pretraining import planned_train_flops
 
     points = expand(PRESETS["architecture"])
     overrides = [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in points]

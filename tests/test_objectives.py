@@ -5,14 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.objectives import (
-    batch_generator,
-    causal_lm_batch,
-    mask_tokens,
-    random_spans_noise_mask,
-    span_corrupt,
-    span_corruption_lengths,
-)
+from models.objectives.base import batch_generator
+from models.objectives.clm import causal_lm_batch
+from models.objectives.mlm import mask_tokens
+from models.objectives.span import random_spans_noise_mask, span_corrupt, span_corruption_lengths
 from models.special import SPECIAL
 
 V = 5000
@@ -161,3 +157,17 @@ def test_too_many_spans_for_the_sentinels() -> None:
     tokens = torch.randint(SPECIAL.n_special, V, (1, 4000))
     with pytest.raises(ValueError, match="more than the 100 sentinels"):
         span_corrupt(tokens, batch_generator(0, 0), 0.15, 3.0)
+
+
+def test_every_objective_is_registered_once_and_named_alike_everywhere() -> None:
+    """One module per objective in the registry; the config's names, the architecture each trains and
+    params.yaml's `objectives` sections agree with it."""
+    from typing import get_args
+
+    from lmpipe.params.pretrain import ObjectivesParams
+    from models.config import OBJECTIVE_OF_ARCH, Objective
+    from models.objectives import OBJECTIVES
+
+    assert set(OBJECTIVES) == set(get_args(Objective)) == set(ObjectivesParams.model_fields)
+    for name, objective in OBJECTIVES.items():
+        assert objective.name == name and OBJECTIVE_OF_ARCH[objective.arch] == name

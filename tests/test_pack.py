@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from lmpipe.data.packing import token_dtype, val_mask
 from lmpipe.runtime import StageError
-from stages.pack import token_dtype, val_mask
 from tests.pipeline_helpers import clean_texts, run_stages
 
 

@@ -154,3 +154,14 @@ def test_fsdp_on_the_cpu_is_refused_before_a_run_starts() -> None:
         parse_params(raw)
     raw["pretrain"]["accelerator"] = "gpu"  # valid params on any machine; the stage needs the GPU
     assert parse_params(raw).pretrain.strategy == "fsdp"
+
+
+def test_the_params_reference_is_generated_from_the_schema() -> None:
+    """docs/params.md is the schema's own account of every key (`python -m lmpipe.params.reference`)."""
+    from lmpipe.params.reference import DOC, reference
+
+    text = reference()
+    assert "| `pretrain.lr` | float | `0.001` | > 0 |" in text
+    assert "`models.<name>.preset`" in text and "`finetune.tasks.<name>.epochs`" in text
+    stale = "docs/params.md is stale: python -m lmpipe.params.reference"
+    assert DOC.read_text(encoding="utf-8") == text, stale

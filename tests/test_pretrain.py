@@ -23,8 +23,8 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
+from lmpipe.pretraining import train_config
 from models.transformer import load_pretrained
-from stages.pretrain import train_config
 from tests.conftest import DEFAULT_PARAMS, ROOT, Workdir
 from tests.pipeline_helpers import run_stages
 from tests.project import command_env, make_project, sh

@@ -9,14 +9,14 @@ from pydantic import Field, model_validator
 
 from lmpipe.params.schema import Sections, Strict
 from lmpipe.runtime import StageError
-from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig
+from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig, Objective
 
 
 class ModelParams(Strict):
     """A named model variant: architecture, objective, a size preset and any overrides of it."""
 
     arch: Literal["encoder", "decoder", "encoder_decoder"]
-    objective: Literal["mlm", "clm", "span"]
+    objective: Objective
     preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
     d_model: int | None = Field(None, ge=8)
     n_layers: int | None = Field(None, ge=1)

@@ -1,9 +1,5 @@
-"""The three pretraining objectives as pure, seeded tensor functions (no model needed).
-
-MLM (BERT): select non-special tokens at `rate`; of those 80 % -> [MASK], 10 % -> a random token,
-10 % kept. CLM (GPT): next token on every position. Span corruption (T5): noise spans replaced by
-sentinels in the inputs, the targets list each sentinel followed by its span.
-"""
+"""T5's span corruption: noise spans of a row replaced by sentinels in the encoder's inputs; the
+decoder's targets list each sentinel followed by its span (T5's random_spans_noise_mask arithmetic)."""
 
 from __future__ import annotations
 
@@ -12,61 +8,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from models.objectives.base import Args, Objective
 from models.special import SPECIAL, SpecialIds
-from models.training import derived_seed
-
-
-def batch_generator(seed: int, index: int) -> torch.Generator:
-    """The RNG of one micro-batch by its index across processes (micro-step × processes + rank): the
-    same masks whichever DataLoader worker builds it (any number of workers, a resume at any step), and
-    W processes see the micro-batches that one process accumulating W of them would."""
-    return torch.Generator().manual_seed(derived_seed(seed, index))
-
-
-@dataclass
-class MaskedBatch:
-    input_ids: Tensor  # [B, T] with the selected tokens replaced
-    positions: Tensor  # [N] flat indices into B*T of the selected tokens, ascending
-    labels: Tensor  # [N] the original tokens there
-
-
-def mask_tokens(
-    tokens: Tensor,
-    generator: torch.Generator,
-    vocab_size: int,
-    rate: float = 0.15,
-    mask_fraction: float = 0.8,
-    random_fraction: float = 0.1,
-    special: SpecialIds = SPECIAL,
-) -> MaskedBatch:
-    if not 0.0 < rate < 1.0:
-        raise ValueError(f"rate must be in (0, 1), got {rate}")
-    if mask_fraction < 0 or random_fraction < 0 or mask_fraction + random_fraction > 1.0:
-        raise ValueError(
-            f"mask_fraction ({mask_fraction}) and random_fraction ({random_fraction}) must be >= 0 "
-            "and sum to at most 1"
-        )
-    if vocab_size <= special.n_special:
-        raise ValueError(f"vocab_size ({vocab_size}) must exceed the {special.n_special} special ids")
-    flat = tokens.reshape(-1)
-    selected = (torch.rand(flat.shape, generator=generator) < rate) & (flat >= special.n_special)
-    positions = selected.nonzero().squeeze(1)
-    labels = flat[positions]
-    choice = torch.rand(positions.shape, generator=generator)
-    random_ids = torch.randint(special.n_special, vocab_size, positions.shape, generator=generator)
-    replaced = torch.where(
-        choice < mask_fraction,
-        torch.full_like(labels, special.mask),
-        torch.where(choice < mask_fraction + random_fraction, random_ids, labels),
-    )
-    inputs = flat.clone()
-    inputs[positions] = replaced
-    return MaskedBatch(inputs.view_as(tokens), positions, labels)
-
-
-def causal_lm_batch(tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """Inputs and next-token targets of [B, T+1] rows; documents in a row are separated by EOS."""
-    return tokens[:, :-1], tokens[:, 1:]
+from models.transformer import Transformer
 
 
 def _span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
@@ -153,3 +97,30 @@ def span_corrupt(
         # right before noise span k: T5's targets
         targets.append(torch.cat([_replace_spans(row, ~noise, special.first_sentinel), eos]))
     return SpanBatch(torch.stack(inputs), torch.stack(targets))
+
+
+class SpanCorruption(Objective):
+    name, arch = "span", "encoder_decoder"
+
+    def row_length(self, seq_len: int, args: Args) -> int:
+        return span_corruption_lengths(seq_len, args["noise_density"], args["mean_span_length"])[0]
+
+    def batch(
+        self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int
+    ) -> dict[str, Tensor]:
+        spans = span_corrupt(rows, generator, args["noise_density"], args["mean_span_length"])
+        return {"input_ids": spans.input_ids, "labels": spans.target_ids}
+
+    def logits_and_labels(self, model: Transformer, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        labels = batch["labels"]
+        start = torch.full_like(labels[:, :1], SPECIAL.bos)
+        decoder_ids = torch.cat([start, labels[:, :-1]], dim=1)  # teacher forcing, shifted right
+        logits = model.lm_logits(model(batch["input_ids"], decoder_ids=decoder_ids)).flatten(0, 1)
+        return logits, labels.flatten()
+
+    def lengths(self, batch_size: int, seq_len: int, args: Args) -> tuple[int, int, int]:
+        _, targets = span_corruption_lengths(seq_len, args["noise_density"], args["mean_span_length"])
+        return seq_len, targets, batch_size * targets
+
+
+OBJECTIVE = SpanCorruption()

@@ -1,0 +1,384 @@
+"""What stage `ingest@<source>` is made of: a source's files, datasets or GLUE text read as
+documents, in units that an interrupted run keeps, with its drops counted."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lmpipe.data import resume
+from lmpipe.data.parallel import shard_map
+from lmpipe.data.readers import FileReader, TextDecoder, detect_format, join_paragraphs, split_long
+from lmpipe.glue.tasks import task as glue_task
+from lmpipe.layout import ingest_work
+from lmpipe.params.ingest import IngestParams, SourceParams
+from lmpipe.runtime import (
+    Meter,
+    StageError,
+    atomic_dir,
+    cpu_threads,
+    log,
+    read_json,
+    setup_logging,
+)
+from lmpipe.schemas import DOCUMENTS, validate
+
+# a row group is the unit of work of `clean` (resumed as a whole, on one worker): small enough to
+# spread over the cores and to bound a worker's memory, large enough to keep per-shard overhead low
+ROW_GROUP_DOCS = 1024
+
+
+ROW_GROUP_CHARS = 16_000_000
+
+
+SHARD_CHARS = 64_000_000  # characters of text per output file
+
+
+UNIT_BYTES = 64 << 20  # input bytes per unit of work: a task for a worker, a point to resume from
+
+
+UNIT_LOG_S = 30.0  # a unit still running after this long logs its progress (one large file)
+
+
+SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
+
+
+Document = tuple[str, str]  # (id, text)
+
+
+def _visible(path: Path, root: Path) -> bool:
+    return path.is_file() and not any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def resolve_files(source: SourceParams, key: str) -> list[Path]:
+    """The source's files: `path` itself, or the files under it that `include` matches, sorted."""
+    path = Path(source.path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise StageError(f"{key}.path: '{source.path}' does not exist")
+    files = sorted({f for pattern in source.include for f in path.glob(pattern) if _visible(f, path)})
+    if not files:
+        raise StageError(f"{key}.include: {', '.join(source.include)} matches no file in '{source.path}'")
+    return files
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Consecutive files of a source: read by one worker into parts of its own, finished whole or not
+    at all. A file is never split, so one very large file is one unit."""
+
+    index: int
+    files: tuple[tuple[str, str], ...]  # (path as the source gives it, its name in the documents' ids)
+    nbytes: int
+    stamp: str  # of its files' paths, sizes and mtimes: an edited file re-reads its unit only
+
+
+def units_of(files: list[Path], root: Path) -> list[Unit]:
+    """The files in order, grouped into units of about UNIT_BYTES of input."""
+    units: list[Unit] = []
+    batch: list[tuple[str, str]] = []
+    size, stamp = 0, hashlib.sha256()
+    for i, path in enumerate(files):
+        stat = path.stat()
+        # ids relative to the source: the same text gives the same outputs wherever the folder lives
+        name = path.name if path == root else path.relative_to(root).as_posix()
+        batch.append((str(path), name))
+        size += stat.st_size
+        stamp.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        if size >= UNIT_BYTES or i == len(files) - 1:
+            units.append(Unit(len(units), tuple(batch), size, stamp.hexdigest()[:16]))
+            batch, size, stamp = [], 0, hashlib.sha256()
+    return units
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every unit of one run shares (sent to each worker)."""
+
+    name: str  # the source's: the documents' `source` and the prefix of their ids
+    key: str  # its params key, for error lines
+    source: SourceParams
+    encoding_errors: str
+    on_malformed: str
+    work: str  # absolute: workers on a cluster run elsewhere
+    project: str  # the stage's folder, where a relative source path starts
+
+    def folder(self, unit: Unit) -> Path:
+        return Path(self.work) / f"{unit.index:06d}-{unit.stamp}"
+
+    def local(self, path: str) -> Path:
+        """The path here; a relative one as given (so errors name it so), unless this worker runs
+        elsewhere (a cluster's)."""
+        if Path(path).is_absolute() or Path.cwd() == Path(self.project):
+            return Path(path)
+        return Path(self.project) / path
+
+
+def ingest_unit(job: Job, unit: Unit) -> dict[str, int]:
+    """A unit's documents as parts in its work folder, written whole; its counts."""
+    folder = job.folder(unit)
+    if folder.exists():  # finished by an earlier, interrupted run
+        return json.loads((folder / "counts.json").read_text())
+    setup_logging()  # a pool's worker process: the readers' warnings in the stage's format
+    source, counts = job.source, Counter()
+    reader = FileReader(
+        TextDecoder(job.encoding_errors, counts),
+        counts,
+        job.on_malformed,
+        source.text_column,
+        f"{job.key}.text_column",
+        source.split_by,
+        source.max_doc_chars,
+    )
+
+    # a unit can be one very large file: its worker logs how far it is, as the stage does per unit
+    # (characters for bytes: close enough for an ETA, but not against a compressed file's size)
+    compressed = any(given.endswith(".gz") for given, _ in unit.files)
+    total = None if compressed else unit.nbytes
+    meter = Meter(f"ingest {job.name}, unit {unit.index + 1}", None, total, UNIT_LOG_S, terminal=False)
+
+    def docs() -> Iterator[Document]:
+        for given, name in unit.files:
+            counts["files"] += 1
+            path = job.local(given)
+            for n, text in enumerate(reader.read(path, detect_format(path, source.format))):
+                meter.update(docs=1, nbytes=len(text))
+                yield f"{name}#{n}", text
+
+    with atomic_dir(folder) as tmp:
+        write_source(tmp, job.name, docs(), counts)
+        (tmp / "counts.json").write_text(json.dumps(counts))
+    return dict(counts)
+
+
+def ingest_files(
+    job: Job, files: list[Path], workers: int, scheduler: str | None, out: Path, counts: Counter
+) -> int:
+    """Every unit of the files read into the work folder (in this process, on a process per core, or
+    on a Dask cluster), then their parts linked into `out` in order; returns the number of parts."""
+    units = units_of(files, Path(job.source.path))
+    config = [job.source.model_dump(), job.encoding_errors, job.on_malformed]
+    # the files are in each unit's stamp: an edited file makes only its unit stale
+    resume.prepare(Path(job.work), resume.fingerprint(config, [], "stages.ingest"))
+    done = sum(job.folder(u).exists() for u in units)
+    if done:
+        what = "units were read by an interrupted run"
+        log.info("ingest %s: resuming: %d of %d %s", job.name, done, len(units), what)
+    meter = Meter(f"ingest {job.name}", total_bytes=sum(u.nbytes for u in units))
+    results = shard_map(partial(ingest_unit, job), units, workers, scheduler, f"ingest@{job.name}")
+    parts = 0
+    for unit, unit_counts in zip(units, results, strict=True):
+        counts.update(unit_counts)
+        meter.update(docs=unit_counts.get("documents", 0), nbytes=unit.nbytes)
+        for part in sorted(job.folder(unit).glob("part-*.parquet")):
+            # a link, not a move: a run killed here still finds the unit whole in the work folder
+            target = out / f"part-{parts:05d}.parquet"
+            try:
+                os.link(part, target)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(part, target)
+            parts += 1
+    meter.close()
+    return parts
+
+
+def _texts(rows: Iterator[dict], where: str, column: str, column_key: str) -> Iterator[str | None]:
+    first = True
+    for row in rows:
+        if first and column not in row:
+            raise StageError(
+                f"{where}: no text column '{column}' ({column_key}); its columns are: {', '.join(row)}"
+            )
+        first = False
+        yield row.get(column)
+
+
+def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Meter) -> Iterator[Document]:
+    import datasets  # slow to import; only these sources need it
+
+    if source.kind == "hf":
+        where = f"{key} (Hugging Face builder '{source.path}')"
+        try:
+            data = datasets.load_dataset(
+                source.path,
+                source.config,
+                split=source.split or "train",
+                data_files=source.data_files,
+                streaming=True,
+            )
+        except Exception as exc:  # datasets raises many types: missing, bad config, bad files
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StageError(f"{where}: cannot load: {first_line}") from None
+        prefix = f"{source.path.rstrip('/')}/{source.config or 'default'}/{source.split or 'train'}"
+    else:
+        where = f"{key}.path '{source.path}'"
+        try:
+            data = datasets.load_from_disk(source.path)
+        except FileNotFoundError:
+            raise StageError(f"{where}: not a datasets save_to_disk folder") from None
+        if isinstance(data, datasets.DatasetDict):
+            split = source.split or ("train" if "train" in data else None)
+            if split not in data:
+                raise StageError(
+                    f"{key}.split: '{source.split}' is not in {source.path}; "
+                    f"its splits are: {', '.join(data)}"
+                )
+            data = data[split]
+        if source.text_column not in data.column_names:
+            raise StageError(
+                f"{where}: no text column '{source.text_column}' ({key}.text_column); "
+                f"its columns are: {', '.join(data.column_names)}"
+            )
+        prefix = source.path.rstrip("/")
+    rows = _texts(iter(data), where, source.text_column, f"{key}.text_column")
+    meter.total_docs = source.max_documents or getattr(data, "num_rows", None)
+    n = 0
+    for value in rows:
+        if value is None or not isinstance(value, str):
+            counts["null_texts_skipped"] += 1
+            continue
+        for text in split_long(value.replace("\r\n", "\n"), source.max_doc_chars):
+            yield f"{prefix}#{n}", text
+            n += 1
+        meter.update(nbytes=len(value))
+        if source.max_documents and n >= source.max_documents:
+            break
+
+
+def glue_manifest(source: SourceParams, key: str) -> dict:
+    manifest = Path(source.path) / "manifest.json"
+    if not manifest.is_file():
+        raise StageError(f"{key}.path: '{source.path}' is not a folder glue_prepare wrote (no manifest.json)")
+    return read_json(manifest, "glue_prepare")
+
+
+def glue_documents(source: SourceParams, key: str, counts: Counter) -> Iterator[Document]:
+    """Each distinct sentence of the tasks' train splits once, joined into documents of up to
+    `max_doc_chars`; the labels are dropped and evaluation splits are never read."""
+    prepared = glue_manifest(source, key)["rows"]
+    tasks, tasks_key = (source.tasks, f"{key}.tasks") if source.tasks else (list(prepared), key)
+    seen: set[str] = set()
+    for i, name in enumerate(tasks):
+        spec = glue_task(name, f"{tasks_key}[{i}]")
+        if name not in prepared:
+            raise StageError(
+                f"{tasks_key}[{i}]: task '{name}' is not in '{source.path}'; it holds: {', '.join(prepared)}"
+            )
+        train = pq.read_table(Path(source.path) / name / "train.parquet", columns=list(spec.text_columns))
+        counts["train_rows"] += train.num_rows
+        sentences = []
+        for column in spec.text_columns:
+            for text in train.column(column).to_pylist():
+                text = " ".join(str(text).split())
+                if text and text not in seen:
+                    seen.add(text)
+                    sentences.append(text)
+        counts["sentences"] += len(sentences)
+        chunks = join_paragraphs(sentences, source.max_doc_chars, "\n")
+        pieces = (piece for chunk in chunks for piece in split_long(chunk, source.max_doc_chars))
+        for n, doc in enumerate(pieces):
+            yield f"{name}/train#{n}", doc
+
+
+class ShardWriter:
+    """Documents into `part-<n>.parquet` files of about SHARD_CHARS characters each, in row groups of
+    at most ROW_GROUP_DOCS documents and about ROW_GROUP_CHARS characters, schema-checked."""
+
+    def __init__(self, folder: Path, label: str) -> None:
+        self.folder, self.label = folder, label
+        self.batch: list[Document] = []
+        self.batch_chars = 0
+        self.writer: pq.ParquetWriter | None = None
+        self.shards = 0
+        self.shard_chars = 0
+
+    def add(self, doc_id: str, text: str) -> None:
+        self.batch.append((f"{self.label}/{doc_id}", text))  # unique across sources
+        self.batch_chars += len(text)
+        self.shard_chars += len(text)
+        if len(self.batch) >= ROW_GROUP_DOCS or self.batch_chars >= ROW_GROUP_CHARS:
+            self.flush()
+        if self.shard_chars >= SHARD_CHARS:
+            self.close()
+
+    def flush(self) -> None:
+        if not self.batch:
+            return
+        path = self.folder / f"part-{self.shards:05d}.parquet"
+        frame = pd.DataFrame(self.batch, columns=["id", "text"])
+        frame.insert(1, "source", self.label)
+        validate(DOCUMENTS, frame, str(path))
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(path, SCHEMA, compression="zstd")
+        self.writer.write_table(pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False))
+        self.batch.clear()
+        self.batch_chars = 0
+
+    def abandon(self) -> None:
+        """Let go of the open file after a failure (its folder is discarded): nothing more is written."""
+        if self.writer is not None:
+            with contextlib.suppress(OSError, pa.ArrowException):  # a full disk fails the close too
+                self.writer.close()
+            self.writer = None
+
+    def close(self) -> None:
+        self.flush()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+            self.shards += 1
+            self.shard_chars = 0
+
+
+def write_source(
+    folder: Path, label: str, docs: Iterator[Document], counts: Counter, meter: Meter | None = None
+) -> int:
+    """The documents as shards in `folder`; returns the number of shards."""
+    writer = ShardWriter(folder, label)
+    try:
+        for doc_id, text in docs:
+            if meter is not None:
+                meter.update(docs=1)
+            if not text.strip():
+                continue
+            writer.add(doc_id, text)
+            counts["documents"] += 1
+            counts["characters"] += len(text)
+    except BaseException:
+        writer.abandon()
+        raise
+    writer.close()
+    return writer.shards
+
+
+def ingest(name: str, cfg: IngestParams, scheduler: str | None, out: Path, counts: Counter) -> int:
+    """The source's documents as parts in `out`; returns the number of parts. Files are read in units
+    (on every core or a Dask cluster, resumed after an interruption); a dataset or GLUE source is one
+    stream, read here."""
+    source, key = cfg.sources[name], f"ingest.sources.{name}"
+    if source.kind == "files":
+        work = str(ingest_work(name).resolve())
+        job = Job(name, key, source, cfg.encoding_errors, cfg.on_malformed, work, str(Path.cwd()))
+        workers = cpu_threads(cfg.workers)
+        return ingest_files(job, resolve_files(source, key), workers, scheduler, out, counts)
+    meter = Meter(f"ingest {name}")
+    if source.kind == "glue":
+        docs = glue_documents(source, key, counts)
+    else:
+        docs = dataset_documents(source, key, counts, meter)
+    parts = write_source(out, name, docs, counts, meter)
+    meter.close()
+    return parts

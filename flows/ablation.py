@@ -36,6 +36,7 @@ from prefect.futures import as_completed
 
 from flows import profile as profiles
 from flows.common import (
+    EXPERIMENT_NAME,
     FlowFailed,
     PipelineError,
     check_overrides,
@@ -51,7 +52,7 @@ from flows.dispatch import DISPATCH_TAG, Target, dispatch, pool_target
 from flows.pipeline import read_graph
 from lmpipe.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve, pretrain_metrics
 from lmpipe.params.project import Params
-from lmpipe.params.schema import read_params_yaml
+from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.runtime import StageError
 from lmpipe.tracking import FlowTracking, child_env, git_commit, tracking_experiment
 
@@ -79,7 +80,6 @@ BASELINES: dict[str, dict[str, Any]] = {
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
 # spends on its step budget (T5 compares objectives and architectures that way)
 EQUAL_FLOPS = {"architecture"}
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
 
 
 def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -470,9 +470,9 @@ def ablation(
     repo_dir = Path(repo).resolve()
     points_spec = resolve_grid(preset, grid)
     sweep = name or f"{preset or 'sweep'}-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
-    if not NAME.match(sweep):
+    if not EXPERIMENT_NAME.match(sweep):
         raise PipelineError(f"sweep name '{sweep}': letters, digits, '-', '_' and '.' only")
-    params_file = repo_dir / "params.yaml"
+    params_file = repo_dir / PARAMS_FILE
     values = expand(points_spec)
     on_profile = profiles.overrides(profile, corpus, glue) if profile else []
     origin = f"profile {profile}" if profile else str(params_file)
@@ -719,7 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise PipelineError(f"--grid/--baseline is not JSON: {exc}") from None
         # bad input is one line before any flow starts
         repo_dir = Path(args.repo).resolve()
-        params_file = repo_dir / "params.yaml"
+        params_file = repo_dir / PARAMS_FILE
         params = read_params_yaml(params_file) or {}
         values = expand(resolve_grid(args.preset, grid))
         for point in values:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lmpipe.params.schema import read_params_yaml
+from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.runtime import StageError
+
+EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
 
 # params overrides from the environment: a work pool's job variables carry its device settings
 PARAMS_OVERRIDES_ENV = "LMPIPE_PARAMS_OVERRIDES"
@@ -42,7 +45,7 @@ def cli(body: Callable[[], str]) -> int:
 
 def check_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
     """Every `key=value` names a key of params.yaml (`+key=` adds one, `~key` deletes one, as in DVC)."""
-    params_file = repo_dir / "params.yaml"
+    params_file = repo_dir / PARAMS_FILE
     params = read_params_yaml(params_file) or {}
     for override in overrides:
         key, sep, _ = override.partition("=")
@@ -79,7 +82,7 @@ def apply_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
         from dvc.utils.hydra import apply_overrides as dvc_apply
 
         check_overrides(repo_dir, overrides)
-        dvc_apply(str(repo_dir / "params.yaml"), list(overrides))
+        dvc_apply(str(repo_dir / PARAMS_FILE), list(overrides))
 
 
 def stage_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -30,7 +30,7 @@ import yaml
 from prefect import flow, get_run_logger
 
 from flows.common import PARAMS_OVERRIDES_ENV, PipelineError, dvc, dvc_checked, hydra_value, last_line
-from lmpipe.params.schema import read_params_yaml
+from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.tracking import child_env
 
 CHECKOUT_ENV = "LMPIPE_CHECKOUT"  # the worker's checkout; prefect.yaml's pull step moves there
@@ -50,7 +50,7 @@ def git(repo_dir: Path, *args: str) -> str:
 
 # what may differ from the commit: params.yaml travels as overrides (`params_diff`), dvc.lock is the
 # pipeline's bookkeeping (the workers restore what ran here from the run cache)
-_TRAVELS = ("params.yaml", "dvc.lock")
+_TRAVELS = (str(PARAMS_FILE), "dvc.lock")
 
 
 def checked_in(repo_dir: Path, git_remote: str) -> str:
@@ -89,7 +89,7 @@ def params_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = ""
 def workspace_overrides(repo_dir: Path) -> list[str]:
     """The workspace's params.yaml as overrides of the committed one."""
     committed = yaml.safe_load(git(repo_dir, "show", "HEAD:params.yaml")) or {}
-    return params_diff(committed, read_params_yaml(repo_dir / "params.yaml") or {})
+    return params_diff(committed, read_params_yaml(repo_dir / PARAMS_FILE) or {})
 
 
 def _key(override: str) -> str:

@@ -45,6 +45,7 @@ from flows.common import (
     stage_env,
 )
 from flows.dispatch import Target, dispatch, pool_target
+from lmpipe.params.schema import PARAMS_FILE
 from lmpipe.tracking import PARENT_RUN_ENV, FlowTracking, child_env, tracking_experiment, tracking_uri
 
 _TAIL_LINES = 20  # of a stage's output, logged when it finishes
@@ -353,7 +354,7 @@ def pipeline(
     max_parallel: int | None = None,
     gpu_slots: int | None = None,
     retry_delay_s: float = 10.0,
-    remote: str | None = None,
+    dvc_remote: str | None = None,
     pool: str | None = None,
     git_remote: str = "origin",
 ) -> dict[str, Any]:
@@ -363,7 +364,7 @@ def pipeline(
     uses every core: two at once on the same cores are slower than one after the other).
     gpu_slots: how many stages with `meta.gpu` run at once, each on a GPU of its own; by default
     one per visible GPU, without GPUs only max_parallel limits them (they are CPU work then).
-    remote: a DVC remote shared by the workers: what it has is pulled first (outputs another
+    dvc_remote: a DVC remote shared by the workers: what it has is pulled first (outputs another
     machine produced), the outputs of every stage that ran are pushed to it at the end.
 
     overrides: params as `dvc exp run -S` takes them (`objectives.mlm.mask_rate=0.2`), written
@@ -371,7 +372,7 @@ def pipeline(
 
     pool: the stages with `meta.gpu` become flow runs of the deployment `pipeline-stage-<pool>` on
     any worker of that work pool (flows/dispatch.py), at the committed and pushed HEAD with this
-    workspace's params; their results come back through `git_remote` and the DVC remote (`remote`,
+    workspace's params; their results come back through `git_remote` and the DVC remote (`dvc_remote`,
     else the project's default); the pool's device settings (its deployment's job variables) are
     written into params.yaml here as well, so that DVC sees the same params on both sides.
     `gpu_slots` then caps the stages in flight on the pool (default: all of them).
@@ -389,24 +390,24 @@ def pipeline(
         raise PipelineError("max_parallel and gpu_slots must be at least 1")
     target = None
     if pool:  # checked before params.yaml changes: the workers get its changes as overrides
-        target = pool_target(repo_dir, pool, "pipeline-stage", tracking_uri(repo_dir), git_remote, remote)
+        target = pool_target(repo_dir, pool, "pipeline-stage", tracking_uri(repo_dir), git_remote, dvc_remote)
         overrides = target.overrides(overrides or [])
     else:
         overrides = [*pool_overrides(overrides or []), *(overrides or [])]
     apply_overrides(repo_dir, overrides)
     logger.info("%d stages from %s/dvc.yaml", len(nodes), repo_dir)
     with _parent_run(repo_dir, targets, overrides) as env:
-        if remote:
-            pulled = dvc(repo_dir, "pull", "--allow-missing", "--remote", remote, *nodes)
+        if dvc_remote:
+            pulled = dvc(repo_dir, "pull", "--allow-missing", "--remote", dvc_remote, *nodes)
             if pulled.returncode != 0:
-                raise PipelineError(f"dvc pull from '{remote}' failed: {last_line(pulled.stderr)}")
+                raise PipelineError(f"dvc pull from '{dvc_remote}' failed: {last_line(pulled.stderr)}")
         summary = schedule(
             repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env, gpus, target, overrides
         )
-        if remote and summary.ran:
-            pushed = dvc(repo_dir, "push", "--remote", remote, *summary.ran)
+        if dvc_remote and summary.ran:
+            pushed = dvc(repo_dir, "push", "--remote", dvc_remote, *summary.ran)
             if pushed.returncode != 0:
-                raise PipelineError(f"dvc push to '{remote}' failed: {last_line(pushed.stderr)}")
+                raise PipelineError(f"dvc push to '{dvc_remote}' failed: {last_line(pushed.stderr)}")
     logger.info("pipeline: %s\n%s", summary.line(), summary.markdown())
     create_markdown_artifact(summary.markdown(), key="pipeline-summary", description=summary.line())
     if summary.failed:
@@ -426,7 +427,7 @@ class _parent_run:
             return {}
         from lmpipe.tracking import git_commit
 
-        experiment = tracking_experiment(self.repo_dir / "params.yaml")
+        experiment = tracking_experiment(self.repo_dir / PARAMS_FILE)
         self.tracking = FlowTracking(self.repo_dir, experiment)
         tags = {"stage": "pipeline", "git_commit": git_commit(), "targets": ",".join(self.targets or [])}
         tags.update({f"override.{o.partition('=')[0]}": o.partition("=")[2] for o in self.overrides or []})
@@ -445,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-S", "--set", action="append", dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--max-parallel", type=int, help="stages at once (default: GPUs seen, or 1)")
     parser.add_argument("--gpu-slots", type=int, help="stages with meta.gpu at once (default: GPUs seen)")
-    parser.add_argument("--remote", help="a DVC remote to pull from first and push to at the end")
+    parser.add_argument("--dvc-remote", help="a DVC remote to pull from first and push to at the end")
     parser.add_argument("--pool", help="run the stages with meta.gpu as flow runs on this Prefect work pool")
     parser.add_argument("--git-remote", default="origin", help="with --pool: the git remote (default origin)")
     args = parser.parse_args(argv)
@@ -460,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides=args.overrides,
             max_parallel=args.max_parallel,
             gpu_slots=args.gpu_slots,
-            remote=args.remote,
+            dvc_remote=args.dvc_remote,
             pool=args.pool,
             git_remote=args.git_remote,
         )

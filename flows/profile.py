@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 import yaml
 
 from flows.common import (
+    EXPERIMENT_NAME,
     FlowFailed,
     PipelineError,
     cli,
@@ -35,7 +35,7 @@ from flows.common import (
     stage_env,
 )
 from lmpipe.params.project import Params, parse_params
-from lmpipe.params.schema import read_params_yaml
+from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.runtime import StageError
 from lmpipe.tracking import FlowTracking, child_env, flatten, git_commit
 
@@ -45,7 +45,6 @@ AVAILABLE = "available"  # glue.tasks of a profile: every task its GLUE folder h
 # collections of named things: a profile's replace the workspace's (its corpus, not the sample too)
 REPLACED = ("ingest.sources", "hub")
 REPORTS = ("reports/glue.md", "reports/glue.csv", "reports/glue.png", "metrics/glue.json")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experiment name is a git ref component
 
 
 def available() -> list[str]:
@@ -133,8 +132,8 @@ def applied(repo_dir: Path, all_overrides: Sequence[str], origin: str) -> dict[s
     from dvc.utils.hydra import apply_overrides
 
     with tempfile.TemporaryDirectory() as tmp:
-        params_file = Path(tmp) / "params.yaml"
-        params_file.write_text((repo_dir / "params.yaml").read_text())
+        params_file = Path(tmp) / PARAMS_FILE
+        params_file.write_text((repo_dir / PARAMS_FILE).read_text())
         try:
             apply_overrides(str(params_file), list(all_overrides))
         except Exception as exc:  # hydra's parse errors: report them as one line
@@ -166,7 +165,7 @@ def run(
     """Run the profile as the DVC experiment `name`; returns the folder its report was copied to."""
     repo_dir = Path(repo).resolve()
     name = name or f"{profile}-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
-    if not _NAME.match(name):
+    if not EXPERIMENT_NAME.match(name):
         raise PipelineError(f"experiment name '{name}': letters, digits, '-', '_' and '.' only")
     given = [*overrides(profile, corpus, glue), *extra]
     given = [*pool_overrides(given), *given]

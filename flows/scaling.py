@@ -21,7 +21,7 @@ import pandas as pd
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from flows.common import PipelineError
+from flows.common import EXPERIMENT_NAME, PipelineError
 
 MODEL = "decoder_clm"  # Kaplan's L(N) is a decoder's
 # (d_model, n_layers, n_heads) from `tiny` upward, d_ff = 4·d_model: non-embedding N 0.39 M to 4.9 M
@@ -32,7 +32,9 @@ KAPLAN_ALPHA_N = 0.076
 
 def non_embedding_parameters(d_model: int, n_layers: int, d_ff: int, mlp: str = "gelu") -> int:
     """Kaplan's N: the weights of the blocks (attention and MLP matrices; biases and norms are noise)."""
-    return n_layers * (4 * d_model * d_model + (3 if mlp == "swiglu" else 2) * d_model * d_ff)
+    from models.flops import block_weights
+
+    return n_layers * block_weights(d_model, d_ff, mlp)
 
 
 def ladder_points(sizes: Sequence[tuple[int, int, int]]) -> list[dict[str, Any]]:
@@ -238,17 +240,18 @@ def scaling(
     L(N). The profile, the pool and the MLflow layout are the ablation flow's."""
     from flows import ablation as sweeps
     from flows import profile as profiles
+    from lmpipe.params.schema import PARAMS_FILE
     from lmpipe.pretraining import world_size
     from lmpipe.tracking import FlowTracking, git_commit, tracking_experiment
 
     logger = get_run_logger()
     repo_dir = Path(repo).resolve()
     sweep = name or f"scaling-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
-    if not sweeps.NAME.match(sweep):
+    if not EXPERIMENT_NAME.match(sweep):
         raise PipelineError(f"sweep name '{sweep}': letters, digits, '-', '_' and '.' only")
     if tokens_per_parameter <= 0 or max_parallel < 1:
         raise PipelineError("scaling: tokens_per_parameter must be > 0 and max_parallel >= 1")
-    params_file = repo_dir / "params.yaml"
+    params_file = repo_dir / PARAMS_FILE
     on_profile = profiles.overrides(profile, corpus, glue) if profile else []
     origin = f"profile {profile}" if profile else str(params_file)
     raw = profiles.applied(repo_dir, on_profile, origin)

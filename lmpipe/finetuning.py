@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from lmpipe.glue.tasks import GlueTask
-from lmpipe.layout import GLUE, TOKENIZER, final_checkpoint
+from lmpipe.layout import GLUE, SPM_MODEL, TOKENIZER, final_checkpoint
 from lmpipe.params.finetune import FinetuneCommonParams, FinetuneSections, FinetuneTaskParams
 from lmpipe.runtime import (
     StageError,
@@ -24,7 +24,7 @@ from lmpipe.runtime import (
 
 def tokenizer_meta() -> dict[str, Any]:
     meta = read_json(TOKENIZER / "tokenizer.json", "tokenizer")
-    model = TOKENIZER / "spm.model"
+    model = SPM_MODEL
     digest = sha256_file(model)
     if digest != meta["sha256"]:
         raise StageError(
@@ -49,7 +49,7 @@ def encode(frame: pd.DataFrame, task: GlueTask, max_len: int, threads: int) -> l
 
     from models.finetune_data import encode_pair
 
-    processor = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "spm.model"))
+    processor = spm.SentencePieceProcessor(model_file=str(SPM_MODEL))
     columns = [processor.encode(frame[c].tolist(), num_threads=threads) for c in task.text_columns]
     seconds = columns[1] if len(columns) > 1 else [None] * len(frame)
     return [encode_pair(a, b, max_len) for a, b in zip(columns[0], seconds, strict=True)]

@@ -13,6 +13,8 @@ CLEAN = Path("data/clean")
 CLEAN_WORK = Path("data/.clean-work")  # a run's finished phases, for resuming it; not a DVC output
 CLEAN_METRICS = Path("metrics/clean.json")
 TOKENIZER = Path("data/tokenizer")
+SPM_MODEL = TOKENIZER / "spm.model"  # the SentencePiece model the later stages encode with
+WEIGHTS = "model.safetensors"  # a model folder's weights (checkpoints/<model>/final, hf)
 TOKENS = Path("data/tokens")
 PACK_WORK = Path("data/.pack-work")  # the shards an interrupted pack finished; not a DVC output
 GLUE = Path("data/glue")
@@ -57,6 +59,10 @@ def clean_shards(folder: Path = CLEAN) -> list[Path]:
 def final_checkpoint(model: str) -> Path:
     """The exported weights and config that fine-tuning loads (a DVC output)."""
     return CHECKPOINTS / model / "final"
+
+
+def final_weights(model: str) -> Path:
+    return final_checkpoint(model) / WEIGHTS
 
 
 def hf_export(model: str) -> Path:

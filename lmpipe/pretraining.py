@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpipe.codedeps import code_digest
+from lmpipe.layout import WEIGHTS
 from lmpipe.params.pretrain import ObjectivesParams, PretrainParams, PretrainSections
 from lmpipe.runtime import (
     StageError,
@@ -69,8 +70,8 @@ def export(model_cfg: Any, state: dict[str, Any], out: Path, extra: dict[str, An
     model = Transformer(model_cfg)
     model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()})
     with atomic_dir(out) as tmp:
-        save_model(model, str(tmp / "model.safetensors"))  # save_model stores tied weights once
-        (tmp / "model.safetensors").chmod(0o644)
+        save_model(model, str(tmp / WEIGHTS))  # save_model stores tied weights once
+        (tmp / WEIGHTS).chmod(0o644)
         write_json(tmp / "config.json", {"model": model_cfg.to_dict(), **extra})
 
 

@@ -106,7 +106,7 @@ def pipeline_parent(client: Any, experiment: str) -> str:
     if os.environ.get(PARENT_RUN_ENV):
         return os.environ[PARENT_RUN_ENV]
     workspace, commit = os.environ.get("DVC_EXP_NAME", "workspace"), git_commit()
-    params = Path("params.yaml").read_bytes() if Path("params.yaml").exists() else b""
+    params = PARAMS_FILE.read_bytes() if PARAMS_FILE.exists() else b""
     key = hashlib.sha256(b"\0".join([workspace.encode(), commit.encode(), params])).hexdigest()[:12]
     found = client.search_runs(
         [experiment],

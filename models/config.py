@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 Arch = Literal["encoder", "decoder", "encoder_decoder"]
@@ -13,22 +13,27 @@ OBJECTIVE_OF_ARCH: dict[str, Objective] = {"encoder": "mlm", "decoder": "clm", "
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """A model's shape. The `metadata` of a field holds the bounds params.yaml's `models.<name>.<field>`
+    is validated against (lmpipe/params/models.py builds its schema from these fields)."""
+
     arch: Arch = "decoder"
     vocab_size: int = 16000
-    d_model: int = 256
-    n_layers: int = 4  # encoder layers, or decoder layers of a decoder-only model
-    n_decoder_layers: int | None = None  # encoder-decoder only; defaults to n_layers
-    n_heads: int = 4
-    d_ff: int = 1024
-    max_len: int = 128
-    dropout: float = 0.0
+    d_model: int = field(default=256, metadata={"ge": 8})
+    n_layers: int = field(default=4, metadata={"ge": 1})  # encoder layers, or a decoder-only model's
+    n_decoder_layers: int | None = field(
+        default=None, metadata={"ge": 1}
+    )  # encoder-decoder: n_layers if None
+    n_heads: int = field(default=4, metadata={"ge": 1})
+    d_ff: int = field(default=1024, metadata={"ge": 1})
+    max_len: int = field(default=128, metadata={"ge": 8})
+    dropout: float = field(default=0.0, metadata={"ge": 0.0, "lt": 1.0})
     mlp: Literal["gelu", "swiglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_position: Literal["pre", "post"] = "pre"
     positions: Literal["learned", "sinusoidal", "rope"] = "learned"
     bias: bool = True
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
+    norm_eps: float = field(default=1e-5, metadata={"gt": 0.0})
+    init_std: float = field(default=0.02, metadata={"gt": 0.0})
     pad_id: int = 0
 
     def __post_init__(self) -> None:

@@ -33,8 +33,8 @@ Precision = Literal["32-true", "bf16-mixed"]
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """One seed's fine-tuning recipe. `stages.finetune.finetune_config` builds it from params.yaml, whose
-    schema (lmpipe/params.py) holds the one set of defaults."""
+    """One seed's fine-tuning recipe, without defaults: `lmpipe.finetuning.finetune_config` builds it
+    from params.yaml (lmpipe/params/finetune.py)."""
 
     seed: int
     lr: float

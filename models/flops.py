@@ -59,11 +59,17 @@ def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     return int(counter.get_total_flops())
 
 
+def block_weights(d_model: int, d_ff: int, mlp: str) -> int:
+    """The weights of one block's matrices: attention's q, k, v and output, and the MLP's (three with
+    SwiGLU). Biases and norms are left out, as Kaplan's N leaves them."""
+    return 4 * d_model * d_model + (3 if mlp == "swiglu" else 2) * d_model * d_ff
+
+
 def estimate_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     """6·N·D + attention + LM head for one micro-batch (forward 2 FLOPs a multiply-add, backward 2x)."""
     b, (t, u, predicted) = train.batch_size, lengths(train)
     d = model.d_model
-    block = 4 * d * d + (3 if model.mlp == "swiglu" else 2) * d * model.d_ff  # qkv, out, MLP
+    block = block_weights(d, model.d_ff, model.mlp)
     forward = 2 * b * t * model.n_layers * block + model.n_layers * 4 * b * t * t * d
     if model.arch == "encoder_decoder":
         layers = model.decoder_layers

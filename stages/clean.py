@@ -57,7 +57,7 @@ def main() -> None:
     ) as run:
         with atomic_dir(CLEAN) as tmp:
             counts = clean(files, cfg, params.seed, workers, params.cluster.scheduler, tmp)
-            dropped = {rule: counts[f"dropped.{rule}"] for rule in RULES}
+            dropped = {rule.name: counts[f"dropped.{rule.name}"] for rule in RULES}
             if counts["documents_kept"] == 0:
                 raise StageError(
                     f"clean: no documents left after cleaning ({counts['documents_in']} in); "

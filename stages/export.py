@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from lmpipe.layout import TOKENIZER, final_checkpoint, hf_export
+from lmpipe.layout import SPM_MODEL, WEIGHTS, final_checkpoint, hf_export
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.project import load_stage_params
 from lmpipe.runtime import atomic_dir, log, run_main, sha256_file
@@ -34,14 +34,14 @@ def main(argv: list[str] | None = None) -> None:
     source = final_checkpoint(name)
     model, provenance = load_pretrained(source)
     layout = hf_layout(model)
-    weights = sha256_file(source / "model.safetensors")
+    weights = sha256_file(source / WEIGHTS)
     tags = {"model": name, "arch": model.cfg.arch, "hf_class": layout.architecture}
     experiment = tracking_experiment()
     with (
         stage_run("export", experiment, {"model": name}, tags, f"export@{name}") as run,
         atomic_dir(hf_export(name)) as tmp,
     ):
-        write_export(tmp, model, TOKENIZER / "spm.model", {"name": name, "weights_sha256": weights}, layout)
+        write_export(tmp, model, SPM_MODEL, {"name": name, "weights_sha256": weights}, layout)
         run.log_artifact(str(tmp / "README.md"))
         run.log_artifact(str(tmp / "config.json"))
     log.info(

@@ -23,7 +23,7 @@ from lmpipe.finetuning import (
     tokenizer_meta,
 )
 from lmpipe.glue.tasks import TASKS
-from lmpipe.layout import final_checkpoint, finetune_dir, finetune_stage, predictions_sha256
+from lmpipe.layout import final_weights, finetune_dir, finetune_stage, predictions_sha256
 from lmpipe.params.finetune import FinetuneSections
 from lmpipe.params.project import load_stage_params
 from lmpipe.runtime import (
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     weights_sha = None
     if init == "pretrained":
-        weights_sha = sha256_file(final_checkpoint(name) / "model.safetensors")
+        weights_sha = sha256_file(final_weights(name))
         found = find_run(tracking_experiment(), {"stage": "pretrain", WEIGHTS_TAG: weights_sha})
         if found:
             tags["pretrain_run_id"] = found

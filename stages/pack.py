@@ -16,7 +16,7 @@ from __future__ import annotations
 import shutil
 
 from lmpipe.data.packing import pack, token_dtype
-from lmpipe.layout import CLEAN, PACK_WORK, TOKENIZER, TOKENS, clean_shards
+from lmpipe.layout import CLEAN, PACK_WORK, SPM_MODEL, TOKENIZER, TOKENS, clean_shards
 from lmpipe.params.cluster import ClusterParams
 from lmpipe.params.pack import PackParams
 from lmpipe.params.project import load_stage_params
@@ -48,9 +48,7 @@ def main() -> None:
         {"data.synthetic": manifest["synthetic"], "tokenizer_sha256": tok_meta["sha256"]},
     ) as run:
         with atomic_dir(TOKENS) as tmp:
-            counts = pack(
-                clean_shards(), TOKENIZER / "spm.model", cfg, params.seed, params.cluster.scheduler, tmp
-            )
+            counts = pack(clean_shards(), SPM_MODEL, cfg, params.seed, params.cluster.scheduler, tmp)
             meta = {
                 "vocab_size": tok_meta["vocab_size"],
                 "dtype": token_dtype(tok_meta["vocab_size"]).name,

@@ -15,7 +15,14 @@ import time
 import warnings
 from dataclasses import replace
 
-from lmpipe.layout import TOKENS, final_checkpoint, pretrain_curve, pretrain_metrics, resume_checkpoints
+from lmpipe.layout import (
+    TOKENS,
+    final_checkpoint,
+    final_weights,
+    pretrain_curve,
+    pretrain_metrics,
+    resume_checkpoints,
+)
 from lmpipe.params.pretrain import PretrainSections
 from lmpipe.params.project import load_stage_params
 from lmpipe.pretraining import (
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         provenance |= {"tokenizer_sha256": meta["tokenizer_sha256"], "synthetic": meta["synthetic"]}
         export(model_cfg, state, final_checkpoint(name), provenance)
         # fine-tunes find this run by the digest of the weights they load (no run id in the outputs)
-        weights = final_checkpoint(name) / "model.safetensors"
+        weights = final_weights(name)
         logger.experiment.set_tag(logger.run_id, WEIGHTS_TAG, sha256_file(weights))
         write_json(pretrain_metrics(name), summary)
         write_curve(pretrain_curve(name), module.history)

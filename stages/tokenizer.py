@@ -12,7 +12,7 @@ import hashlib
 import sentencepiece as spm
 
 from lmpipe.data.tokenizer import check_specials, train, training_lines
-from lmpipe.layout import CLEAN, CLEAN_METRICS, TOKENIZER, clean_shards
+from lmpipe.layout import CLEAN, CLEAN_METRICS, SPM_MODEL, TOKENIZER, clean_shards
 from lmpipe.params.project import load_stage_params
 from lmpipe.params.schema import Sections
 from lmpipe.params.tokenizer import TokenizerParams
@@ -49,7 +49,7 @@ def main() -> None:
         check_specials(processor)
         digest = hashlib.sha256(model).hexdigest()
         with atomic_dir(TOKENIZER) as tmp:
-            (tmp / "spm.model").write_bytes(model)
+            (tmp / SPM_MODEL.name).write_bytes(model)
             vocab = "".join(
                 f"{processor.id_to_piece(i)}\t{processor.get_score(i):.4f}\n"
                 for i in range(processor.get_piece_size())

@@ -116,5 +116,10 @@ def changed_deps(project: Path, *targets: str) -> dict[str, dict[str, str]]:
     }
 
 
+def dvc_stages(project: Path) -> set[str]:
+    """Every stage of the project's graph, `foreach` expanded, as `dvc stage list` names them."""
+    return set(sh(project, "dvc", "stage", "list", "--name-only").stdout.split())
+
+
 def stages_run(output: str) -> list[str]:
     return re.findall(r"Running stage '([^']+)'", output)

@@ -9,7 +9,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lmpipe.data.quality import _DIGITS, _LETTERS, _SYMBOLS, RULES, char_class_counts, failed_rule, normalize
+from lmpipe.data.quality import (
+    _DIGITS,
+    _LETTERS,
+    _SYMBOLS,
+    DOCUMENT_RULES,
+    RULES,
+    char_class_counts,
+    failed_rule,
+    normalize,
+)
 from lmpipe.params.clean import CleanParams
 from stages import clean, ingest
 from tests.pipeline_helpers import clean_texts
@@ -80,35 +89,40 @@ def test_character_classes_agree_with_the_rules_patterns() -> None:
         assert list(char_class_counts(text)[1:]) == expected, repr(text)
 
 
-@pytest.mark.parametrize(
-    ("text", "rule"),
-    [
-        ("", "empty"),
-        ("short text here.", "too_few_chars"),
-        ("a" * 60 + " " + "b" * 60 + " " + "c" * 90, "too_few_words"),
-        (
-            " ".join(["extraordinarily"] * 10 + [f"incomprehensibilities{i}" for i in range(30)]),
-            "mean_word_length",
-        ),
-        (" ".join(f"{i:06d}x" for i in range(60)), "alpha_ratio"),
-        (prose(1) + " " + " ".join(f"a{i:04d}" for i in range(60)), "digit_ratio"),
-        (prose(2) + " " + " ".join("@@#$ %%&*" for _ in range(40)), "symbol_ratio"),
-        ("\n".join([prose(3, 40)] + ["Subscribe to our newsletter today."] * 8), "duplicate_lines"),
-        (" ".join(["the garden"] * 30 + [prose(4)]), "top_ngram"),
-        (" ".join([prose(5, 40)] * 2 + [prose(6, 20)]), "duplicate_ngrams"),
-        (prose(7) + " Lorem Ipsum dolor sit amet.", "bad_phrase"),
-        (prose(8), None),
-    ],
-)
-def test_each_rule(text: str, rule: str | None) -> None:
-    assert failed_rule(normalize(text), CFG) == rule
+# a document each per-document rule drops (and no rule before it): the test of every rule in RULES
+EXAMPLES = {
+    "empty": "",
+    "too_few_chars": "short text here.",
+    "too_many_chars": " ".join(["words"] * 200),  # with CONFIGS' max_chars
+    "too_few_words": "a" * 60 + " " + "b" * 60 + " " + "c" * 90,
+    "mean_word_length": " ".join(["extraordinarily"] * 10 + [f"incomprehensibilities{i}" for i in range(30)]),
+    "alpha_ratio": " ".join(f"{i:06d}x" for i in range(60)),
+    "digit_ratio": prose(1) + " " + " ".join(f"a{i:04d}" for i in range(60)),
+    "symbol_ratio": prose(2) + " " + " ".join("@@#$ %%&*" for _ in range(40)),
+    "duplicate_lines": "\n".join([prose(3, 40)] + ["Subscribe to our newsletter today."] * 8),
+    "duplicate_line_chars": "\n".join(
+        [prose(9, 40), *["This long boilerplate footer line repeats itself in every page of the crawl."] * 4]
+        + [prose(10, 40)]
+    ),  # with CONFIGS' max_duplicate_line_fraction, so that the line count alone passes
+    "top_ngram": " ".join(["the garden"] * 30 + [prose(4)]),
+    "duplicate_ngrams": " ".join([prose(5, 40)] * 2 + [prose(6, 20)]),
+    "bad_phrase": prose(7) + " Lorem Ipsum dolor sit amet.",
+}
 
 
-def test_duplicate_line_chars_rule() -> None:
-    long_line = "This long boilerplate footer line repeats itself in every page of the crawl."
-    text = "\n".join([prose(9, 40), *[long_line] * 4, prose(10, 40)])
-    cfg = CleanParams(max_duplicate_line_fraction=0.9)
-    assert failed_rule(normalize(text), cfg) == "duplicate_line_chars"
+CONFIGS = {
+    "too_many_chars": {"max_chars": 1000},
+    "duplicate_line_chars": {"max_duplicate_line_fraction": 0.9},
+}
+
+
+@pytest.mark.parametrize("rule", [rule.name for rule in DOCUMENT_RULES])
+def test_each_rule(rule: str) -> None:
+    cfg = CleanParams(**CONFIGS.get(rule, {}))
+    (params,) = [r.params for r in RULES if r.name == rule]
+    assert set(params) <= set(CleanParams.model_fields)  # the keys the docs' table names are real
+    assert failed_rule(normalize(EXAMPLES[rule]), cfg) == rule
+    assert failed_rule(normalize(prose(8)), cfg) is None
 
 
 def write_raw(workdir, texts: list[str]) -> None:
@@ -141,7 +155,7 @@ def test_dedup_and_every_drop_counted(workdir, workers: int) -> None:
     assert report["dropped"]["exact_duplicate"] == 2
     assert report["dropped"]["near_duplicate"] == 1
     assert report["dropped"]["too_few_chars"] == 1 and report["dropped"]["bad_phrase"] == 1
-    assert set(report["dropped"]) == set(RULES)
+    assert set(report["dropped"]) == {rule.name for rule in RULES}
     assert sum(report["dropped"].values()) == report["documents_in"] - report["documents_kept"]
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from lmpipe import layout
 from lmpipe.codedeps import PACKAGES, ROOT, code_files, disagreements, write
-from tests.project import changed_deps, copy_project, sh
+from tests.project import changed_deps, copy_project, dvc_stages
 
 DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
 
@@ -197,9 +197,7 @@ def test_an_edit_makes_stale_only_the_stages_of_its_concern(reproduced: Path) ->
     """The table of docs/development.md, measured: every file of the code packages edited, and which
     stages DVC then re-runs."""
     table = edit_table(reproduced)
-    graph = {
-        name.split("@")[0] for name in sh(reproduced, "dvc", "stage", "list", "--name-only").stdout.split()
-    }
+    graph = {name.split("@")[0] for name in dvc_stages(reproduced)}
     assert stale_stages(reproduced) == set()
     for path, stages in table.items():
         if path in SHAPE:

@@ -22,22 +22,8 @@ from flows.ablation import PRESETS, ablation, baseline_index, equal_flops_budget
 from flows.common import PipelineError
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from tests.conftest import DEFAULT_PARAMS, ROOT
-from tests.project import sh, tiny_project
+from tests.project import dvc_stages, sh, tiny_project
 from tests.services import BIN, free_port, prefect, prefect_env, prefect_server, start, stop
-
-ALL_STAGES = {
-    "sample",
-    "ingest@sample",
-    "clean",
-    "tokenizer",
-    "pack",
-    "glue_prepare",
-    "pretrain@encoder_mlm",
-    "export@encoder_mlm",
-    "finetune@encoder_mlm-stsb",
-    "finetune_scratch@encoder_mlm-stsb",
-    "evaluate",
-}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +46,7 @@ def runs(filter_string: str) -> list[mlflow.entities.Run]:
 
 def test_graph_is_dvcs_own(project: Path) -> None:
     nodes = read_graph(project)
-    assert set(nodes) == ALL_STAGES
+    assert set(nodes) == dvc_stages(project)  # what `dvc stage list` lists, foreach expanded
     assert set(nodes["evaluate"].upstream) == {
         "glue_prepare",
         "finetune@encoder_mlm-stsb",
@@ -137,8 +123,8 @@ def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
 def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:
     sh(project, "dvc", "remote", "add", "shared", str(tmp_path / "remote"))  # as workers share a cache
     # tiny stages are mostly process start-up: two at once pay off here (not with the default profile)
-    first = pipeline(repo=str(project), retry_delay_s=0, remote="shared", max_parallel=2)
-    assert set(first["ran"]) == ALL_STAGES and not first["failed"] and not first["skipped"]
+    first = pipeline(repo=str(project), retry_delay_s=0, dvc_remote="shared", max_parallel=2)
+    assert set(first["ran"]) == dvc_stages(project) and not first["failed"] and not first["skipped"]
     order = first["ran"]
     assert (
         order.index("pack") < order.index("pretrain@encoder_mlm") < order.index("finetune@encoder_mlm-stsb")
@@ -156,9 +142,9 @@ def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path, tmp_
 
     state = pipeline(repo=str(project), retry_delay_s=0, max_parallel=2, return_state=True)
     second = state.result()
-    assert second["ran"] == [] and set(second["skipped"]) == ALL_STAGES
+    assert second["ran"] == [] and set(second["skipped"]) == dvc_stages(project)
     # the server's view (Prefect's UI): every stage a task run, each in the Cached state
-    assert task_run_states(state.state_details.flow_run_id) == dict.fromkeys(ALL_STAGES, "Cached")
+    assert task_run_states(state.state_details.flow_run_id) == dict.fromkeys(dvc_stages(project), "Cached")
 
 
 def task_run_states(flow_run_id: UUID) -> dict[str, str]:

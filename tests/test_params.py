@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from lmpipe.params.project import load_params, parse_params
@@ -165,3 +167,23 @@ def test_the_params_reference_is_generated_from_the_schema() -> None:
     assert "`models.<name>.preset`" in text and "`finetune.tasks.<name>.epochs`" in text
     stale = "docs/params.md is stale: python -m lmpipe.params.reference"
     assert DOC.read_text(encoding="utf-8") == text, stale
+
+
+def test_params_yaml_holds_the_schemas_defaults() -> None:
+    """One set of defaults: every key the schema has a default for has that value in params.yaml
+    (which DVC reads), but for what a profile names rather than defaults (models, task recipes)."""
+    from pydantic import BaseModel
+
+    content = {"models", "finetune.tasks", "glue.synthetic"}  # what the offline profile names
+
+    def differences(model: BaseModel, prefix: str) -> Iterator[str]:
+        for name, field in type(model).model_fields.items():
+            value, key = getattr(model, name), f"{prefix}{name}"
+            if isinstance(value, BaseModel):
+                yield from differences(value, f"{key}.")
+            elif key not in content and not field.is_required():
+                default = field.get_default(call_default_factory=True)
+                if value != default:
+                    yield f"{key}: schema {default!r}, params.yaml {value!r}"
+
+    assert list(differences(load_params(ROOT / "params.yaml"), "")) == []

@@ -356,11 +356,20 @@ def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(sample_pipe
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
+    """`pretrain.compile` runs the model through torch.compile (TorchDynamo captures its graphs), and
+    without it nothing is compiled."""
+    from torch._dynamo.utils import counters
+
     sample_pipeline.set("models", {"encoder_mlm": MODELS["encoder_mlm"]})
-    with sample_pipeline.changed(
-        {"pretrain.max_steps": 5, "pretrain.warmup_steps": 0, "pretrain.compile": True}
-    ):
-        run_stages(sample_pipeline, "pretrain", "encoder_mlm")
+    for compile_ in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        with sample_pipeline.changed(
+            {"pretrain.max_steps": 5, "pretrain.warmup_steps": 0, "pretrain.compile": compile_}
+        ):
+            run_stages(sample_pipeline, "pretrain", "encoder_mlm")  # in this process: its counters
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs > 0 if compile_ else graphs == 0, (compile_, dict(counters["stats"]))
     model, config = load_pretrained(sample_pipeline.path / "checkpoints/encoder_mlm/final")
     assert config["steps"] == 5 and model.num_parameters() > 0
 

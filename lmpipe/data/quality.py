@@ -11,6 +11,8 @@ import sys
 import unicodedata
 import zlib
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache, cached_property
 
 import numpy as np
@@ -28,24 +30,6 @@ _LETTERS = re.compile(r"[^\W\d_]+")
 _DIGITS = re.compile(r"\d+")
 # symbols: neither letters, digits, whitespace nor ordinary sentence punctuation
 _SYMBOLS = re.compile(r"""[^\w\s.,;:!?'"()\-\u2018\u2019\u201c\u201d\u2013\u2014]+""")
-
-RULES = (
-    "empty",
-    "too_few_chars",
-    "too_many_chars",
-    "too_few_words",
-    "mean_word_length",
-    "alpha_ratio",
-    "digit_ratio",
-    "symbol_ratio",
-    "duplicate_lines",
-    "duplicate_line_chars",
-    "top_ngram",
-    "duplicate_ngrams",
-    "bad_phrase",
-    "exact_duplicate",
-    "near_duplicate",
-)
 
 
 def normalize(text: str) -> str:
@@ -143,61 +127,163 @@ def _duplicate_ngram_chars(keys: np.ndarray, lengths: np.ndarray, n: int) -> int
     return int(lengths[np.cumsum(cover[:-1]) > 0].sum())
 
 
-def failed_rule(text: str, cfg: CleanParams, lowered: Words | None = None) -> str | None:
-    """The first quality rule `text` (already normalised; `lowered` its Words, if made) breaks, or None."""
-    n_chars = len(text)
-    if n_chars == 0:
-        return "empty"
-    if n_chars < cfg.min_chars:
-        return "too_few_chars"
-    if n_chars > cfg.max_chars:
-        return "too_many_chars"
-    words = text.split()
-    if len(words) < cfg.min_words:
-        return "too_few_words"
-    word_chars = sum(map(len, words))
-    if not cfg.min_mean_word_length <= word_chars / len(words) <= cfg.max_mean_word_length:
-        return "mean_word_length"
-    _, letters, digits, symbols = char_class_counts(text)
-    if letters < cfg.min_alpha_ratio * word_chars:
-        return "alpha_ratio"
-    if digits > cfg.max_digit_ratio * word_chars:
-        return "digit_ratio"
-    if symbols > cfg.max_symbol_ratio * word_chars:
-        return "symbol_ratio"
-    lines = [line for line in text.split("\n") if line]
-    if len(lines) > 1:
-        line_counts = Counter(lines)
-        repeats = [(count - 1, len(line)) for line, count in line_counts.items() if count > 1]
-        if sum(r for r, _ in repeats) > cfg.max_duplicate_line_fraction * len(lines):
-            return "duplicate_lines"
-        if sum(r * size for r, size in repeats) > cfg.max_duplicate_line_char_fraction * n_chars:
-            return "duplicate_line_chars"
-    lowered = lowered or Words(text)
-    ids = lowered.ids
-    lengths = np.fromiter(map(len, lowered.vocab), np.int64, len(lowered.vocab))[ids]
-    grams = _GramKeys(ids)
+class Document:
+    """A normalised document's figures, each computed when a rule first asks for it: a document an early
+    rule drops is never split into words or n-grams."""
+
+    def __init__(self, text: str, lowered: Words | None = None) -> None:
+        self.text, self._lowered = text, lowered
+
+    @cached_property
+    def n_chars(self) -> int:
+        return len(self.text)
+
+    @cached_property
+    def words(self) -> list[str]:
+        return self.text.split()
+
+    @cached_property
+    def word_chars(self) -> int:
+        return sum(map(len, self.words))
+
+    @cached_property
+    def classes(self) -> np.ndarray:
+        """(other, letters, digits, symbols) characters."""
+        return char_class_counts(self.text)
+
+    @cached_property
+    def line_repeats(self) -> tuple[int, list[tuple[int, int]]]:
+        """(non-empty lines, (extra copies, characters) of every line that repeats)."""
+        lines = [line for line in self.text.split("\n") if line]
+        return len(lines), [(count - 1, len(line)) for line, count in Counter(lines).items() if count > 1]
+
+    @cached_property
+    def lowered(self) -> Words:
+        return self._lowered or Words(self.text)
+
+    @cached_property
+    def word_lengths(self) -> np.ndarray:
+        vocab = self.lowered.vocab
+        return np.fromiter(map(len, vocab), np.int64, len(vocab))[self.lowered.ids]
+
+    @cached_property
+    def grams(self) -> _GramKeys:
+        return _GramKeys(self.lowered.ids)
+
+
+def _top_ngram(doc: Document, cfg: CleanParams) -> bool:
+    ids = doc.lowered.ids
     for n, limit in sorted(cfg.max_top_ngram_char_fraction.items()):
         if len(ids) < n:
             continue
-        count, gram_chars = _top_ngram_chars(grams(n), lengths, n)
-        if count > 1 and count * gram_chars > limit * word_chars:
-            return "top_ngram"
+        count, gram_chars = _top_ngram_chars(doc.grams(n), doc.word_lengths, n)
+        if count > 1 and count * gram_chars > limit * doc.word_chars:
+            return True
+    return False
+
+
+def _duplicate_ngrams(doc: Document, cfg: CleanParams) -> bool:
     limits = sorted(cfg.max_duplicate_ngram_char_fraction.items())
     for index, (n, limit) in enumerate(limits):
-        if len(ids) < n:
+        if len(doc.lowered.ids) < n:
             break
-        duplicated = _duplicate_ngram_chars(grams(n), lengths, n)
-        if duplicated > limit * word_chars:
-            return "duplicate_ngrams"
+        duplicated = _duplicate_ngram_chars(doc.grams(n), doc.word_lengths, n)
+        if duplicated > limit * doc.word_chars:
+            return True
         # larger n-grams repeat only inside smaller repeated ones: stop once under every later limit
-        if duplicated <= min(lim for _, lim in limits[index:]) * word_chars:
+        if duplicated <= min(lim for _, lim in limits[index:]) * doc.word_chars:
             break
-    if cfg.bad_phrases:
-        folded = text.casefold()
-        if any(phrase.casefold() in folded for phrase in cfg.bad_phrases):
-            return "bad_phrase"
-    return None
+    return False
+
+
+def _bad_phrase(doc: Document, cfg: CleanParams) -> bool:
+    folded = doc.text.casefold()
+    return any(phrase.casefold() in folded for phrase in cfg.bad_phrases)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One quality rule: its name (the counter in metrics/clean.json), the `clean` params it reads, what
+    it drops, and its check of one document (None: a rule over the whole corpus, the dedup phases)."""
+
+    name: str
+    params: tuple[str, ...]
+    drops: str
+    breaks: Callable[[Document, CleanParams], bool] | None = None
+
+
+# in the order they are tried: a dropped document is counted against the first rule it breaks
+RULES: tuple[Rule, ...] = (
+    Rule("empty", (), "nothing left after normalisation", lambda d, c: d.n_chars == 0),
+    Rule("too_few_chars", ("min_chars",), "fewer characters", lambda d, c: d.n_chars < c.min_chars),
+    Rule("too_many_chars", ("max_chars",), "more characters", lambda d, c: d.n_chars > c.max_chars),
+    Rule("too_few_words", ("min_words",), "fewer words", lambda d, c: len(d.words) < c.min_words),
+    Rule(
+        "mean_word_length",
+        ("min_mean_word_length", "max_mean_word_length"),
+        "a mean word length outside the range (Gopher)",
+        lambda d, c: not c.min_mean_word_length <= d.word_chars / len(d.words) <= c.max_mean_word_length,
+    ),
+    Rule(
+        "alpha_ratio",
+        ("min_alpha_ratio",),
+        "fewer letters than this share of the words' characters",
+        lambda d, c: d.classes[1] < c.min_alpha_ratio * d.word_chars,
+    ),
+    Rule(
+        "digit_ratio",
+        ("max_digit_ratio",),
+        "more digits than this share",
+        lambda d, c: d.classes[2] > c.max_digit_ratio * d.word_chars,
+    ),
+    Rule(
+        "symbol_ratio",
+        ("max_symbol_ratio",),
+        "more symbols (neither letters, digits nor punctuation) than this share",
+        lambda d, c: d.classes[3] > c.max_symbol_ratio * d.word_chars,
+    ),
+    Rule(
+        "duplicate_lines",
+        ("max_duplicate_line_fraction",),
+        "more repeated lines than this share of the lines (Gopher)",
+        lambda d, c: d.line_repeats[0] > 1
+        and sum(r for r, _ in d.line_repeats[1]) > c.max_duplicate_line_fraction * d.line_repeats[0],
+    ),
+    Rule(
+        "duplicate_line_chars",
+        ("max_duplicate_line_char_fraction",),
+        "more characters in repeated lines than this share (Gopher)",
+        lambda d, c: d.line_repeats[0] > 1
+        and sum(r * size for r, size in d.line_repeats[1]) > c.max_duplicate_line_char_fraction * d.n_chars,
+    ),
+    Rule(
+        "top_ngram",
+        ("max_top_ngram_char_fraction",),
+        "a most frequent n-gram covering more than its share of the characters, per n (Gopher)",
+        _top_ngram,
+    ),
+    Rule(
+        "duplicate_ngrams",
+        ("max_duplicate_ngram_char_fraction",),
+        "more characters inside repeated n-grams than their share, per n (Gopher)",
+        _duplicate_ngrams,
+    ),
+    Rule("bad_phrase", ("bad_phrases",), "any of the phrases, case-folded (C4)", _bad_phrase),
+    Rule("exact_duplicate", ("exact_dedup",), "a document whose text an earlier one has (128-bit hash)"),
+    Rule(
+        "near_duplicate",
+        ("near_dedup",),
+        "a document in a MinHash-LSH cluster whose first document is kept (datasketch)",
+    ),
+)
+DOCUMENT_RULES = tuple(rule for rule in RULES if rule.breaks is not None)
+
+
+def failed_rule(text: str, cfg: CleanParams, lowered: Words | None = None) -> str | None:
+    """The first per-document rule `text` (already normalised; `lowered` its Words, if made) breaks,
+    or None."""
+    doc = Document(text, lowered)
+    return next((rule.name for rule in DOCUMENT_RULES if rule.breaks(doc, cfg)), None)
 
 
 def exact_key(text: str) -> bytes:

@@ -16,7 +16,7 @@ class GlueParams(Strict):
 
     source: Literal["tsv", "disk"] = "tsv"
     path: InputPath = Field(description="tsv: the GLUE folder; disk: a folder of <task>/ datasets")
-    tasks: list[str] = Field(["sst2", "rte"], min_length=1)
+    tasks: list[str] = Field(["cola", "stsb", "mrpc"], min_length=1)
     synthetic: bool = False
 
     @field_validator("tasks")

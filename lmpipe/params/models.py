@@ -3,33 +3,35 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from dataclasses import fields
+from typing import Any, Literal, get_type_hints
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from lmpipe.params.schema import Sections, Strict
 from lmpipe.runtime import StageError
-from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig, Objective
+from models.config import OBJECTIVE_OF_ARCH, PRESETS, Arch, ModelConfig, Objective
+
+# a variant may override every field of the model config but the architecture (its own key) and what
+# the tokenizer decides (the vocabulary, the padding id): their types and bounds are the config's own
+_CONFIG_TYPES = get_type_hints(ModelConfig)
+_Overrides = create_model(
+    "_Overrides",
+    __base__=Strict,
+    **{
+        f.name: (_CONFIG_TYPES[f.name] | None, Field(None, **f.metadata))
+        for f in fields(ModelConfig)
+        if f.name not in ("arch", "vocab_size", "pad_id")
+    },
+)
 
 
-class ModelParams(Strict):
+class ModelParams(_Overrides):
     """A named model variant: architecture, objective, a size preset and any overrides of it."""
 
-    arch: Literal["encoder", "decoder", "encoder_decoder"]
+    arch: Arch
     objective: Objective
     preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
-    d_model: int | None = Field(None, ge=8)
-    n_layers: int | None = Field(None, ge=1)
-    n_decoder_layers: int | None = Field(None, ge=1)
-    n_heads: int | None = Field(None, ge=1)
-    d_ff: int | None = Field(None, ge=1)
-    max_len: int | None = Field(None, ge=8)
-    dropout: float | None = Field(None, ge=0.0, lt=1.0)
-    mlp: Literal["gelu", "swiglu"] | None = None
-    norm: Literal["layernorm", "rmsnorm"] | None = None
-    norm_position: Literal["pre", "post"] | None = None
-    positions: Literal["learned", "sinusoidal", "rope"] | None = None
-    bias: bool | None = None
 
     @model_validator(mode="after")
     def _objective_fits_arch(self) -> ModelParams:

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from lmpipe.data.quality import RULES
 from lmpipe.params.project import Params
 from lmpipe.params.schema import read_params_yaml
 
@@ -120,7 +121,23 @@ def reference() -> str:
         if section.__doc__:  # the section's own docstring, not one inherited
             parts.append("\n" + " ".join(inspect.getdoc(section).split()) + "\n")
         parts.append(table + "\n".join(rows(section, f"{name}{suffix}.")) + "\n")
+        if name == "clean":
+            parts.append(quality_rules())
     return "".join(parts)
+
+
+def quality_rules() -> str:
+    """The rules of `clean`, from their one list (lmpipe/data/quality.py RULES)."""
+    lines = [
+        "\nThe quality rules, in the order they are tried: a dropped document is counted in",
+        "`metrics/clean.json` against the first rule it breaks.\n",
+        "| rule | params | drops |",
+        "|---|---|---|",
+    ]
+    for rule in RULES:
+        keys = ", ".join(f"`clean.{key}`" for key in rule.params)
+        lines.append(f"| `{rule.name}` | {keys} | {rule.drops} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,13 +10,13 @@ from lmpipe.params.schema import Strict
 class SampleParams(Strict):
     """The synthetic corpus of the offline default profile."""
 
-    documents: int = Field(600, ge=1, le=1_000_000)
-    min_sentences: int = Field(4, ge=1)
-    max_sentences: int = Field(12, ge=1)
+    documents: int = Field(800, ge=1, le=1_000_000)
+    min_sentences: int = Field(5, ge=1)
+    max_sentences: int = Field(14, ge=1)
     files: int = Field(4, ge=1, le=1000)
-    lexicon_size: int = Field(400, ge=20, le=100_000)
+    lexicon_size: int = Field(500, ge=20, le=100_000)
     glue_train_rows: int = Field(400, ge=1, description="rows per synthetic GLUE task and split")
-    glue_dev_rows: int = Field(100, ge=1)
+    glue_dev_rows: int = Field(1000, ge=1)
 
     @model_validator(mode="after")
     def _sentence_range(self) -> SampleParams:

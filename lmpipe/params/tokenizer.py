@@ -11,7 +11,7 @@ from lmpipe.params.schema import Strict
 
 class TokenizerParams(Strict):
     model_type: Literal["unigram", "bpe"] = "unigram"
-    vocab_size: int = Field(4000, ge=200, le=1_000_000)
+    vocab_size: int = Field(1024, ge=200, le=1_000_000)
     character_coverage: float = Field(0.9995, gt=0.0, le=1.0)
     byte_fallback: bool = True
     normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] = "nmt_nfkc"

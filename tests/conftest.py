@@ -1,21 +1,15 @@
-"""Shared fixtures: a private MLflow store, a working directory with its own params.yaml, data dirs."""
+"""The suite's fixtures: a private MLflow store, working directories with their own params.yaml, the
+real-data folders, the reproduced CI-sized project. Helpers live in modules of their own."""
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import os
 import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
+from tests.workdir import Workdir
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,57 +23,6 @@ def _isolated_services(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.setdefault("GIT_AUTHOR_EMAIL", "test@example.com")
     os.environ.setdefault("GIT_COMMITTER_NAME", "test")
     os.environ.setdefault("GIT_COMMITTER_EMAIL", "test@example.com")
-
-
-class Workdir:
-    """A temporary project directory: params.yaml and data/, where stages run as in the repo."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.params = copy.deepcopy(DEFAULT_PARAMS)
-        self.params["clean"]["workers"] = 1  # worker pools are tested on their own
-        self.write_params()
-
-    def write_params(self, **sections: object) -> None:
-        self.params.update(sections)
-        (self.path / "params.yaml").write_text(yaml.safe_dump(self.params, sort_keys=False))
-
-    def set(self, dotted: str, value: object) -> None:
-        *parents, last = dotted.split(".")
-        node = self.params
-        for key in parents:
-            node = node[key]
-        node[last] = value
-        self.write_params()
-
-    @contextlib.contextmanager
-    def changed(self, overrides: dict[str, object]) -> Iterator[None]:
-        """Params set by dotted key for the block, restored after it (for shared workdirs)."""
-        saved = copy.deepcopy(self.params)
-        for dotted, value in overrides.items():
-            self.set(dotted, value)
-        try:
-            yield
-        finally:
-            self.params = saved
-            self.write_params()
-
-    def sources(self, **sources: dict) -> None:
-        """`ingest.sources`, by name."""
-        self.params["ingest"]["sources"] = sources
-        self.write_params()
-
-    def run(self, stage: str, *args: str) -> subprocess.CompletedProcess[str]:
-        """`python -m stages.<stage>` as DVC runs it: a real process, exit code and stderr."""
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        return subprocess.run(
-            [sys.executable, "-m", f"stages.{stage}", *args],
-            cwd=self.path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import Workdir
+from tests.workdir import Workdir
 
 
 def stage_main(name: str) -> Callable[..., None]:

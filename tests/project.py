@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from lmpipe.codedeps import PACKAGES
-from tests.conftest import ROOT
+from tests.workdir import ROOT
 
 PROJECT_FILES = ["dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config", "pyproject.toml"]
 
@@ -114,6 +114,12 @@ def changed_deps(project: Path, *targets: str) -> dict[str, dict[str, str]]:
         }
         for stage, changes in status.items()
     }
+
+
+def dvc(cwd: Path, *args: str) -> str:
+    """A dvc command against the project's own MLflow store (mlflow.db in the repo): its output."""
+    result = sh(cwd, "dvc", *args, MLFLOW_TRACKING_URI=None)
+    return result.stdout + result.stderr
 
 
 def dvc_stages(project: Path) -> set[str]:

@@ -26,7 +26,7 @@ from lmpipe.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards
 from lmpipe.params.project import load_params
 from lmpipe.runtime import StageError
 from stages import clean, ingest, pack, tokenizer
-from tests.conftest import ROOT, Workdir
+from tests.workdir import ROOT, Workdir
 
 SHARD_ROWS = 40
 

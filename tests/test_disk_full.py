@@ -16,7 +16,7 @@ import pytest
 
 from lmpipe.data.synthetic import corpus
 from lmpipe.layout import CLEAN_WORK
-from tests.conftest import Workdir
+from tests.workdir import Workdir
 
 
 @pytest.fixture

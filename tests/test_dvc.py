@@ -9,12 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.project import make_project, sh, stages_run
-
-
-def dvc(cwd: Path, *args: str) -> str:
-    result = sh(cwd, "dvc", *args, MLFLOW_TRACKING_URI=None)  # the project default: mlflow.db in the repo
-    return result.stdout + result.stderr
+from tests.project import dvc, make_project, sh, stages_run
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from lmpipe.glue.tasks import TASKS, read_tsv
 from lmpipe.layout import predictions_sha256
 from lmpipe.runtime import StageError
-from tests.conftest import Workdir
+from tests.workdir import Workdir
 
 MODELS = {
     "enc": {"arch": "encoder", "objective": "mlm", "preset": "tiny"},

@@ -17,8 +17,8 @@ from models.config import PRESETS, ModelConfig
 from models.export import write_export
 from models.finetune_data import encode_pair
 from models.transformer import Transformer
-from tests.conftest import Workdir
 from tests.pipeline_helpers import run_stages
+from tests.workdir import Workdir
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 

@@ -23,7 +23,6 @@ from dvc.utils.hydra import apply_overrides
 
 from flows.common import PipelineError
 from flows.dispatch import Refused, checked_in, checkout, params_diff
-from tests.conftest import ROOT
 from tests.project import copy_project, sh
 from tests.services import (
     BIN,
@@ -36,6 +35,7 @@ from tests.services import (
     stop,
     wait_until_up,
 )
+from tests.workdir import ROOT
 
 WORKERS = ("w1", "w2")
 

@@ -13,8 +13,8 @@ import pytest
 
 from lmpipe.layout import predictions_sha256
 from lmpipe.runtime import StageError, sha256_file
-from tests.conftest import DEFAULT_PARAMS, Workdir
 from tests.pipeline_helpers import run_stages
+from tests.workdir import DEFAULT_PARAMS, Workdir
 
 DEV_ROWS = DEFAULT_PARAMS["sample"]["glue_dev_rows"]
 MODEL = {"arch": "encoder", "objective": "mlm", "preset": "tiny"}

@@ -21,9 +21,9 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.ablation import PRESETS, ablation, baseline_index, equal_flops_budget, expand, point_overrides
 from flows.common import PipelineError
 from flows.pipeline import StageFailed, pipeline, read_graph, select
-from tests.conftest import DEFAULT_PARAMS, ROOT
 from tests.project import dvc_stages, sh, tiny_project
 from tests.services import BIN, free_port, prefect, prefect_env, prefect_server, start, stop
+from tests.workdir import DEFAULT_PARAMS, ROOT
 
 
 @pytest.fixture(scope="module")

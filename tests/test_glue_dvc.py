@@ -11,12 +11,7 @@ import pandas as pd
 import yaml
 from sklearn.metrics import accuracy_score
 
-from tests.project import copy_project, sh, stages_run
-
-
-def dvc(cwd: Path, *args: str) -> str:
-    result = sh(cwd, "dvc", *args, MLFLOW_TRACKING_URI=None)  # the project default: mlflow.db in the repo
-    return result.stdout + result.stderr
+from tests.project import copy_project, dvc, stages_run
 
 
 def test_real_rte_end_to_end_through_dvc_repro(

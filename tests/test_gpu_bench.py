@@ -8,7 +8,7 @@ import math
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.workdir import ROOT
 
 # what the GPU machine lacks: the benchmark must not import them
 PIPELINE_ONLY = ["dvc", "mlflow", "prefect", "pandera", "pydantic", "stages", "flows"]

@@ -17,7 +17,7 @@ import pytest
 
 from lmpipe.runtime import StageError
 from stages import ingest
-from tests.conftest import ROOT
+from tests.workdir import ROOT
 
 PARA = "The committee met on Tuesday and agreed on a plan for the new library building."
 

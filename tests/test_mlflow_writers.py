@@ -10,7 +10,7 @@ from pathlib import Path
 import mlflow
 
 from lmpipe.tracking import PARENT_RUN_ENV
-from tests.conftest import ROOT
+from tests.workdir import ROOT
 
 WRITER = """
 import sys

@@ -6,7 +6,7 @@ import pytest
 
 from lmpipe.params.project import load_params, parse_params
 from lmpipe.runtime import StageError
-from tests.conftest import DEFAULT_PARAMS, ROOT
+from tests.workdir import DEFAULT_PARAMS, ROOT
 
 
 def test_repository_params_are_valid() -> None:

@@ -25,9 +25,9 @@ from torch.utils.data import DataLoader
 from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
 from lmpipe.pretraining import train_config
 from models.transformer import load_pretrained
-from tests.conftest import DEFAULT_PARAMS, ROOT, Workdir
 from tests.pipeline_helpers import run_stages
 from tests.project import command_env, make_project, sh
+from tests.workdir import DEFAULT_PARAMS, ROOT, Workdir
 
 MODELS = {
     "encoder_mlm": {"arch": "encoder", "objective": "mlm", "preset": "tiny"},

@@ -15,8 +15,8 @@ import yaml
 
 from flows import profile
 from flows.common import PipelineError
-from tests.conftest import ROOT
 from tests.project import sh, tiny_project
+from tests.workdir import ROOT
 
 # the profile at CI size: one tiny encoder, two real tasks cut down, two seeds, a small vocabulary
 CI_SIZE = [

@@ -85,6 +85,19 @@ def apply_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
         dvc_apply(str(repo_dir / PARAMS_FILE), list(overrides))
 
 
+THREADS_ENV = "OMP_NUM_THREADS"  # PyTorch's intra-op threads, read when a process starts
+
+
+def threads_each(at_once: int) -> dict[str, str]:
+    """OMP_NUM_THREADS for each of `at_once` processes sharing this machine's cores: its share of them.
+    PyTorch's OpenMP threads spin while they wait, so processes that together ask for more threads than
+    there are cores run several times slower (two tiny training loops at once on 2 cores: 79 s with 2
+    threads each, 13 s with 1; docs/benchmarks.md). A setting of the user's wins."""
+    if os.environ.get(THREADS_ENV):
+        return {}
+    return {THREADS_ENV: str(max(1, len(os.sched_getaffinity(0)) // max(1, at_once)))}
+
+
 def stage_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     # stage commands say `python`: the interpreter of this flow, as when DVC runs from this venv
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"

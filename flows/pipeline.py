@@ -43,6 +43,7 @@ from flows.common import (
     last_line,
     pool_overrides,
     stage_env,
+    threads_each,
 )
 from flows.dispatch import Target, dispatch, pool_target
 from lmpipe.params.schema import PARAMS_FILE
@@ -401,6 +402,7 @@ def pipeline(
             pulled = dvc(repo_dir, "pull", "--allow-missing", "--remote", dvc_remote, *nodes)
             if pulled.returncode != 0:
                 raise PipelineError(f"dvc pull from '{dvc_remote}' failed: {last_line(pulled.stderr)}")
+        env = {**env, **threads_each(max_parallel)}  # stages at once share the cores
         summary = schedule(
             repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env, gpus, target, overrides
         )

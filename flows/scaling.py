@@ -1,31 +1,48 @@
-"""The `scaling` preset of flows/ablation.py: a ladder of decoder sizes pretrained on the same data at a
-fixed number of tokens per parameter, and Kaplan et al. (2020)'s L(N) = a·N^(−α) + c fitted to their
-validation losses (scipy.optimize.curve_fit, with the parameters' standard errors), extrapolated to
-ten times the largest size.
+"""The scaling sweep: a ladder of decoder sizes pretrained on the same data at a fixed number of
+tokens per parameter, and Kaplan et al. (2020)'s L(N) = a·N^(−α) + c fitted to their validation
+losses (scipy.optimize.curve_fit, with the parameters' standard errors), extrapolated to ten times
+the largest size.
 
 N counts the non-embedding parameters, as Kaplan's N does: at these sizes the embeddings are most of
-the model, and counting them bends the curve.
+the model, and counting them bends the curve. What sweeps share (points, pools, MLflow, the command
+line): flows/sweep.py.
+
+    python -m flows.scaling
+    python -m flows.scaling --tokens-per-parameter 2 --sizes '[[64,2,2],[96,2,2],[128,2,2],[192,3,3]]'
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
 
-from flows.common import EXPERIMENT_NAME, PipelineError
+from flows.common import PipelineError
+from flows.sweep import (
+    Corpus,
+    DvcRemote,
+    GitRemote,
+    Glue,
+    MaxParallel,
+    Option,
+    Pool,
+    Profile,
+    Repo,
+    Sweep,
+    SweepName,
+    command_line,
+    png,
+)
 
 MODEL = "decoder_clm"  # Kaplan's L(N) is a decoder's
 # (d_model, n_layers, n_heads) from `tiny` upward, d_ff = 4·d_model: non-embedding N 0.39 M to 4.9 M
-LADDER: list[tuple[int, int, int]] = [(128, 2, 2), (192, 2, 3), (256, 3, 4), (320, 4, 5)]
+LADDER: tuple[tuple[int, int, int], ...] = ((128, 2, 2), (192, 2, 3), (256, 3, 4), (320, 4, 5))
 TOKENS_PER_PARAMETER = 20.0  # Chinchilla's compute-optimal ratio
 KAPLAN_ALPHA_N = 0.076
 
@@ -37,8 +54,15 @@ def non_embedding_parameters(d_model: int, n_layers: int, d_ff: int, mlp: str = 
     return n_layers * block_weights(d_model, d_ff, mlp)
 
 
-def ladder_points(sizes: Sequence[tuple[int, int, int]]) -> list[dict[str, Any]]:
+def ladder_points(sizes: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
     """The sweep's points: the model variant of params.yaml at each size (the other models removed)."""
+    if not isinstance(sizes, list | tuple) or not all(
+        isinstance(size, list | tuple) and len(size) == 3 and all(isinstance(v, int) and v > 0 for v in size)
+        for size in sizes
+    ):
+        raise PipelineError(
+            "scaling: give sizes as a list of [d_model, n_layers, n_heads], e.g. [[128, 2, 2], ...]"
+        )
     if len(sizes) < 4:
         raise PipelineError(
             f"scaling: give at least 4 sizes to fit 3 parameters with a check, not {len(sizes)}"
@@ -216,87 +240,65 @@ def plot(rows: Sequence[dict[str, Any]], fit: Fit | None, power: PowerFit | None
     ax.set_ylabel("validation loss")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    from flows.ablation import png
-
     return png(fig, plt)
 
 
 @flow(name="scaling", log_prints=True)
 def scaling(
-    repo: str = ".",
-    max_parallel: int = 2,
-    name: str | None = None,
-    tokens_per_parameter: float = TOKENS_PER_PARAMETER,
-    sizes: Sequence[Sequence[int]] = tuple(LADDER),
-    profile: str | None = None,
-    corpus: str | None = None,
-    glue: str | None = None,
-    pool: str | None = None,
-    dvc_remote: str | None = None,
-    git_remote: str = "origin",
+    tokens_per_parameter: Annotated[
+        float, Option(f"tokens per non-embedding parameter (default {TOKENS_PER_PARAMETER:g})")
+    ] = TOKENS_PER_PARAMETER,
+    sizes: Annotated[
+        Sequence[Sequence[int]], Option("JSON: [[d_model, n_layers, n_heads], ...] (default: the ladder)")
+    ] = LADDER,
+    repo: Repo = ".",
+    max_parallel: MaxParallel = 2,
+    name: SweepName = None,
+    profile: Profile = None,
+    corpus: Corpus = None,
+    glue: Glue = None,
+    pool: Pool = None,
+    dvc_remote: DvcRemote = None,
+    git_remote: GitRemote = "origin",
 ) -> dict[str, Any]:
     """Pretrain `decoder_clm` at every size of the ladder (each a DVC experiment running only its
     pretrain stage), on `tokens_per_parameter` tokens per non-embedding parameter, then fit and plot
-    L(N). The profile, the pool and the MLflow layout are the ablation flow's."""
-    from flows import ablation as sweeps
-    from flows import profile as profiles
-    from lmpipe.params.schema import PARAMS_FILE
+    L(N). The profile, the pool and the MLflow layout are every sweep's (flows/sweep.py)."""
     from lmpipe.pretraining import world_size
-    from lmpipe.tracking import FlowTracking, git_commit, tracking_experiment
 
     logger = get_run_logger()
-    repo_dir = Path(repo).resolve()
-    sweep = name or f"scaling-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
-    if not EXPERIMENT_NAME.match(sweep):
-        raise PipelineError(f"sweep name '{sweep}': letters, digits, '-', '_' and '.' only")
-    if tokens_per_parameter <= 0 or max_parallel < 1:
-        raise PipelineError("scaling: tokens_per_parameter must be > 0 and max_parallel >= 1")
-    params_file = repo_dir / PARAMS_FILE
-    on_profile = profiles.overrides(profile, corpus, glue) if profile else []
-    origin = f"profile {profile}" if profile else str(params_file)
-    raw = profiles.applied(repo_dir, on_profile, origin)
-    base = profiles.parsed(raw, origin)
+    if tokens_per_parameter <= 0:
+        raise PipelineError("scaling: tokens_per_parameter must be > 0")
+    values = ladder_points(sizes)
+    sweep = Sweep("scaling", repo, name, max_parallel, profile, corpus, glue)
+    base = sweep.validate(sweep.on_profile)
     if MODEL not in base.models:
-        raise PipelineError(f"scaling: {origin} has no model '{MODEL}' (the ladder scales a decoder)")
-    values = ladder_points([tuple(s) for s in sizes])
-    overrides, rows = [], []
+        raise PipelineError(f"scaling: {sweep.origin} has no model '{MODEL}' (the ladder scales a decoder)")
+    planned, rows = [], []
     for point in values:
-        given = [*on_profile, *sweeps.point_overrides(point, raw, params_file)]
-        params = profiles.validate(repo_dir, given, origin)
+        given = sweep.overrides(point)
+        params = sweep.validate(given)
         model = params.models[MODEL].config(params.tokenizer.vocab_size)
         run = params.pretrain_of(MODEL)
         n = non_embedding_parameters(model.d_model, model.n_layers, model.d_ff, model.mlp)
         tokens_per_step = run.batch_size * run.seq_len * run.accumulate * world_size(run)
         budget, steps = budget_override(n, tokens_per_step, tokens_per_parameter)
-        profiles.validate(repo_dir, [*given, budget], origin)  # every point, up front
-        overrides.append([*given, budget])
+        sweep.validate([*given, budget])  # every point, up front
+        tags = {"param.d_model": model.d_model, "param.n_layers": model.n_layers}
+        planned.append(({}, [*given, budget], tags))
         rows.append({"d_model": model.d_model, "n_layers": model.n_layers, "n": n, "steps": steps})
-    synthetic = base.glue.synthetic
 
-    tracking = FlowTracking(repo_dir, tracking_experiment(params_file))
-    target = sweeps.pool_target_pushed(repo_dir, pool, tracking.uri, git_remote, dvc_remote) if pool else None
-    if target is not None:
-        overrides = [target.overrides(point) for point in overrides]
-    parent = tracking.start(
-        sweep, {"stage": "scaling", "sweep": sweep, "preset": "scaling", "git_commit": git_commit()}
+    tags, metrics = {"preset": "scaling"}, {"tokens_per_parameter": tokens_per_parameter}
+    points = sweep.start(
+        planned, tags, metrics, {"sizes": str(sizes)}, pool, git_remote, dvc_remote, (f"pretrain@{MODEL}",)
     )
-    tracking.log(
-        parent, {"points": len(values), "tokens_per_parameter": tokens_per_parameter}, {"sizes": str(sizes)}
-    )
-    points = []
-    for index, (row, point_overrides) in enumerate(zip(rows, overrides, strict=True), start=1):
-        experiment = f"{sweep}-{index}"
-        tags = {"stage": "ablation_point", "sweep": sweep, "dvc_experiment": experiment, "point": index}
-        tags |= {"param.d_model": row["d_model"], "param.n_layers": row["n_layers"]}
-        run_id = tracking.start(experiment, tags, parent=parent)
-        points.append(sweeps.Point(index, experiment, {}, point_overrides, run_id, (f"pretrain@{MODEL}",)))
-    logger.info("sweep %s: %d sizes, %g tokens per parameter", sweep, len(points), tokens_per_parameter)
+    logger.info("sweep %s: %d sizes, %g tokens per parameter", sweep.name, len(points), tokens_per_parameter)
 
-    results, failed = sweeps.run_points(repo_dir, points, tracking.uri, max_parallel, target)
+    results, failed = sweep.run(points)
     measured = []
     for point, row in zip(points, rows, strict=True):
         if point.index in failed:
-            tracking.client.set_terminated(point.run_id, "FAILED")
+            sweep.fail_point(point)
             continue
         summary = results[point.index]["pretrain"][MODEL]
         row |= {
@@ -306,8 +308,7 @@ def scaling(
         }
         row["train_flops"] = summary.get("train_flops")
         measured.append(row)
-        tracking.log(point.run_id, {"n": row["n"], "tokens": row["tokens"], "val_loss": row["val_loss"]}, {})
-        tracking.client.set_terminated(point.run_id, "FINISHED")
+        sweep.finish_point(point, {"n": row["n"], "tokens": row["tokens"], "val_loss": row["val_loss"]}, {})
 
     fit, power, failure = None, None, None
     if len(measured) >= 4:
@@ -319,26 +320,48 @@ def scaling(
             failure = " ".join(str(exc).split())
     else:
         failure = f"{len(measured)} sizes finished, 4 are needed"
-    out = repo_dir / "reports" / "ablation" / sweep
-    out.mkdir(parents=True, exist_ok=True)
-    text = markdown(measured, fit, power, failure, sweep, tokens_per_parameter, synthetic)
-    (out / "scaling.md").write_text(text)
-    pd.DataFrame(measured).to_csv(out / "scaling.csv", index=False)
-    (out / "scaling.png").write_bytes(plot(measured, fit, power))
-    for path in sorted(out.iterdir()):
-        tracking.client.log_artifact(parent, str(path))
+    report = markdown(measured, fit, power, failure, sweep.name, tokens_per_parameter, base.glue.synthetic)
+    report += sweep.where_points_ran(points, results, failed)
+    files = {
+        "scaling.md": report,
+        "scaling.csv": pd.DataFrame(measured).to_csv(index=False),
+        "scaling.png": plot(measured, fit, power),
+    }
+    sweep.publish(report, files, "scaling-fit")
+    logger.info("scaling fit: %s\n%s", sweep.out, report)
+    fitted: dict[str, float] | None = None
+    parent_metrics: dict[str, float] = {}
     if fit is not None:
-        metrics = {"alpha": fit.alpha, "alpha_error": fit.errors[1], "a": fit.a, "c": fit.c}
-        metrics |= {"extrapolated_loss": fit.extrapolated_loss, "extrapolated_error": fit.extrapolated_error}
+        fitted = {"alpha": fit.alpha, "alpha_error": fit.errors[1], "c": fit.c}
+        parent_metrics = {**fitted, "a": fit.a}
+        parent_metrics |= {
+            "extrapolated_loss": fit.extrapolated_loss,
+            "extrapolated_error": fit.extrapolated_error,
+        }
         if power is not None:
-            metrics |= {"alpha_kaplan_form": power.alpha, "alpha_kaplan_form_error": power.error}
-        tracking.log(parent, metrics, {})
-    create_markdown_artifact(text, key="scaling-fit")
-    logger.info("scaling fit: %s\n%s", out, text)
-    tracking.client.set_terminated(parent, "FAILED" if failed else "FINISHED")
-    if failed:
-        raise sweeps.PointsFailed(failed)
-    fitted = None if fit is None else {"alpha": fit.alpha, "alpha_error": fit.errors[1], "c": fit.c}
-    if fitted is not None and power is not None:
-        fitted |= {"alpha_kaplan_form": power.alpha, "alpha_kaplan_form_error": power.error}
-    return {"sweep": sweep, "report": str(out), "parent_run_id": parent, "rows": measured, "fit": fitted}
+            kaplan = {"alpha_kaplan_form": power.alpha, "alpha_kaplan_form_error": power.error}
+            fitted |= kaplan
+            parent_metrics |= kaplan
+    sweep.close(parent_metrics, failed)
+    return {
+        "sweep": sweep.name,
+        "report": str(sweep.out),
+        "parent_run_id": sweep.parent,
+        "rows": measured,
+        "fit": fitted,
+    }
+
+
+def check(arguments: dict[str, Any]) -> None:
+    """The command line's input, one line each, before any flow starts."""
+    if arguments["tokens_per_parameter"] <= 0:
+        raise PipelineError("--tokens-per-parameter must be > 0")
+    ladder_points(arguments["sizes"])  # at least 4, heads dividing d_model
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return command_line(scaling, argv, check, lambda result: f"scaling fit: {result['report']}/scaling.md")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,6 +11,13 @@ import pytest
 
 from tests.workdir import Workdir
 
+# A pytest-xdist worker per core: each worker and the stages it starts get their share of the cores
+# (read by PyTorch when it starts, so set before any test module imports it). PyTorch's OpenMP threads
+# spin while they wait: two workers training with a thread per core each run several times slower.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_THREADS"):
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_services(tmp_path_factory: pytest.TempPathFactory) -> None:

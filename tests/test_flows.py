@@ -18,10 +18,11 @@ import pandas as pd
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.ablation import PRESETS, ablation, baseline_index, equal_flops_budget, expand, point_overrides
+from flows.ablation import PRESETS, ablation, baseline_index, equal_flops_budget, expand
 from flows.common import PipelineError
 from flows.pipeline import StageFailed, pipeline, read_graph, select
-from tests.project import dvc_stages, sh, tiny_project
+from flows.sweep import point_overrides
+from tests.project import copy_project, dvc_stages, sh, tiny_project
 from tests.services import BIN, free_port, prefect, prefect_env, prefect_server, start, stop
 from tests.workdir import DEFAULT_PARAMS, ROOT
 
@@ -32,10 +33,10 @@ def harness() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Shared by the tests below, in order: the pipeline runs it, the deployment and the sweep reuse it."""
-    return tiny_project(tmp_path_factory.mktemp("flows") / "project")
+@pytest.fixture
+def project(reproduced_template: Path, tmp_path: Path) -> Path:
+    """The CI-sized project, reproduced: this test's own copy."""
+    return copy_project(reproduced_template, tmp_path / "project")
 
 
 def runs(filter_string: str) -> list[mlflow.entities.Run]:
@@ -120,7 +121,8 @@ def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
                 assert set(validated.pretrain.models) <= set(validated.models)
 
 
-def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:
+def test_pipeline_runs_the_graph_then_nothing(harness: None, tmp_path: Path) -> None:
+    project = tiny_project(tmp_path / "project")  # nothing reproduced yet
     sh(project, "dvc", "remote", "add", "shared", str(tmp_path / "remote"))  # as workers share a cache
     # tiny stages are mostly process start-up: two at once pay off here (not with the default profile)
     first = pipeline(repo=str(project), retry_delay_s=0, dvc_remote="shared", max_parallel=2)
@@ -144,17 +146,27 @@ def test_pipeline_runs_the_graph_then_nothing(harness: None, project: Path, tmp_
     second = state.result()
     assert second["ran"] == [] and set(second["skipped"]) == dvc_stages(project)
     # the server's view (Prefect's UI): every stage a task run, each in the Cached state
-    assert task_run_states(state.state_details.flow_run_id) == dict.fromkeys(dvc_stages(project), "Cached")
+    stages = dvc_stages(project)
+    assert task_run_states(state.state_details.flow_run_id, stages) == dict.fromkeys(stages, "Cached")
 
 
-def task_run_states(flow_run_id: UUID) -> dict[str, str]:
-    """Task run name -> its state's name, as the Prefect server has them for a flow run."""
+def task_run_states(flow_run_id: UUID, names: set[str]) -> dict[str, str]:
+    """Task run name -> its state's name, as the Prefect server has them for a flow run, once it has
+    every one of `names` in a final state: the client reports task runs as events, which the server
+    writes a moment after the flow returns."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    deadline = time.monotonic() + 60
+    of_the_flow = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {run.name: run.state.name for run in runs}
+        while True:
+            runs = client.read_task_runs(flow_run_filter=of_the_flow)
+            states = {run.name: run.state.name for run in runs if run.state is not None}
+            final = {run.name for run in runs if run.state is not None and run.state.is_final()}
+            if names <= final or time.monotonic() > deadline:
+                return states
+            time.sleep(0.5)
 
 
 def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -> None:
@@ -165,13 +177,12 @@ def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -
         max_parallel=2,
         return_state=True,
     )
-    sh(project, "git", "checkout", "params.yaml")
     assert state.is_failed()
     error = state.result(raise_on_failure=False)
     assert isinstance(error, StageFailed)
     summary = error.summary
     assert list(summary.failed) == ["tokenizer"]
-    states = task_run_states(state.state_details.flow_run_id)
+    states = task_run_states(state.state_details.flow_run_id, {*summary.not_run, "tokenizer"})
     assert {name: states[name] for name in summary.not_run} == dict.fromkeys(summary.not_run, "NotRun")
     assert states["tokenizer"] == "Failed"
     assert "tokenizer.vocab_size" in summary.failed["tokenizer"]  # the stage's own one-line error
@@ -230,7 +241,8 @@ def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp
             assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
             time.sleep(2)
         assert state["type"] == "COMPLETED", worker_log.read_text()[-3000:]
-        assert "11 up to date" in worker_log.read_text()  # the summary, from the worker
+        # the summary, from the worker
+        assert f"{len(dvc_stages(project))} up to date" in worker_log.read_text()
     finally:
         if worker is not None:
             stop(worker)

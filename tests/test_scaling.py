@@ -1,4 +1,4 @@
-"""The `scaling` preset: the law's fit on known data, and a CI-sized ladder on the default profile
+"""The scaling sweep: the law's fit on known data, and a CI-sized ladder on the default profile
 through DVC experiments, with its report, plot and MLflow parent."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from flows.ablation import main as ablation_main
 from flows.common import PipelineError
 from flows.scaling import budget_override, fit_law, fit_power, ladder_points, law, non_embedding_parameters
+from flows.scaling import main as scaling_main
 from tests.project import make_project, sh
 
 
@@ -55,11 +56,18 @@ def test_ladder_and_budgets() -> None:
 
 
 def test_bad_scaling_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ablation_main(["scaling", "--sizes", "[[64, 2]]"]) != 0
-    assert ablation_main(["masking_rate", "--tokens-per-parameter", "5"]) != 0
+    assert scaling_main(["--sizes", "[[64, 2]]"]) == 2
+    assert scaling_main(["--sizes", "[[64, 2, 2]"]) == 2
+    assert scaling_main(["--tokens-per-parameter", "0"]) == 2
+    assert ablation_main(["scaling"]) == 2  # a sweep of its own, not an ablation preset
     errors = capsys.readouterr().err.strip().splitlines()
-    assert errors[0].endswith("--sizes: give a list of [d_model, n_layers, n_heads], e.g. [[128, 2, 2], ...]")
-    assert errors[1].endswith("--tokens-per-parameter and --sizes are for the scaling preset")
+    assert errors[0] == (
+        "error: scaling: give sizes as a list of [d_model, n_layers, n_heads], e.g. [[128, 2, 2], ...]"
+    )
+    assert errors[1].startswith("error: --sizes is not JSON: ")
+    assert errors[2] == "error: --tokens-per-parameter must be > 0"
+    assert errors[3].startswith("error: preset 'scaling' is unknown (presets: masking_rate, ")
+    assert len(errors) == 4
 
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out

@@ -122,6 +122,20 @@ def dvc_checked(repo_dir: Path, *args: str, env: Mapping[str, str] | None = None
     return result.stdout + result.stderr
 
 
+def exp_run(
+    experiment: str, overrides: Sequence[str], targets: Sequence[str] = (), pull: bool = False
+) -> list[str]:
+    """The arguments of `dvc exp run` for one named experiment in a temporary workspace, params as its
+    `-S` overrides; `targets` only, if given; `pull`: what the run cache and remote have, pulled."""
+    sets = [arg for override in overrides for arg in ("-S", override)]
+    return ["exp", "run", "--temp", *(["--pull"] if pull else []), "--name", experiment, *sets, *targets]
+
+
+def stages_ran(output: str) -> list[str]:
+    """The stages DVC ran, in order, from its output's `Running stage '<name>'` lines."""
+    return re.findall(r"Running stage '([^']+)'", output)
+
+
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"

@@ -29,7 +29,16 @@ from typing import Any
 import yaml
 from prefect import flow, get_run_logger
 
-from flows.common import PARAMS_OVERRIDES_ENV, PipelineError, dvc, dvc_checked, hydra_value, last_line
+from flows.common import (
+    PARAMS_OVERRIDES_ENV,
+    PipelineError,
+    dvc,
+    dvc_checked,
+    exp_run,
+    hydra_value,
+    last_line,
+    stages_ran,
+)
 from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.tracking import child_env
 
@@ -331,11 +340,8 @@ def experiment_on_worker(
         client = mlflow.MlflowClient(uri)
         client.set_tag(parent_run_id, "worker", worker_name())
         client.set_tag(parent_run_id, DISPATCH_TAG, f"{waited:.1f}")
-    sets = [arg for override in overrides for arg in ("-S", override)]
-    output = dvc_checked(
-        here, "exp", "run", "--temp", "--pull", "--name", experiment, *sets, *targets, env=env
-    )
-    ran = [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
+    output = dvc_checked(here, *exp_run(experiment, overrides, targets, pull=True), env=env)
+    ran = stages_ran(output)
     logger.info("%s: ran %s", experiment, ", ".join(ran) or "nothing (all cached)")
     dvc_checked(here, "exp", "push", "--force", "--run-cache", *remote, git_remote, experiment)
     return ran

@@ -30,6 +30,7 @@ from flows.common import (
     FlowFailed,
     PipelineError,
     cli,
+    exp_run,
     hydra_value,
     pool_overrides,
     stage_env,
@@ -177,9 +178,7 @@ def run(
         name, {"stage": "profile", "profile": profile, "dvc_experiment": name, "git_commit": git_commit()}
     )
     tracking.log(parent, {}, {"overrides": " ".join(given)})
-    command = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "--name", name]
-    for override in given:
-        command += ["-S", override]
+    command = [sys.executable, "-m", "dvc", *exp_run(name, given)]
     env = stage_env(child_env(parent, tracking.uri))
     print(f"profile {profile}: dvc experiment {name}", flush=True)
     result = subprocess.run(command, cwd=repo_dir, env=env)  # its progress goes to the terminal

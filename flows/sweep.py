@@ -19,8 +19,6 @@ import datetime as dt
 import inspect
 import io
 import json
-import re
-import subprocess
 import sys
 import time
 import types
@@ -44,10 +42,11 @@ from flows.common import (
     cli,
     dvc,
     error_line,
+    exp_run,
     hydra_value,
     last_line,
     pool_overrides,
-    stage_env,
+    stages_ran,
     threads_each,
 )
 from flows.dispatch import DISPATCH_TAG, Target, dispatch, pool_target
@@ -193,17 +192,11 @@ def run_point(repo_dir: Path, point: Point, tracking_uri: str, at_once: int) -> 
     """The point as a DVC experiment in a temporary workspace, its stages on its share of the cores
     (`at_once` points run at once); its metrics and loss curves back."""
     logger = get_run_logger()
-    env = stage_env({**child_env(point.run_id, tracking_uri), **threads_each(at_once)})
-    command = ["dvc", "--wait-for-lock", "exp", "run", "--temp", "--name", point.experiment]
-    for override in point.overrides:
-        command += ["-S", override]
-    command += point.targets
-    logger.info("%s", " ".join(command))
+    arguments = exp_run(point.experiment, point.overrides, point.targets)
+    logger.info("dvc %s", " ".join(arguments))
     started = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, "-m", *command], cwd=repo_dir, env=env, capture_output=True, text=True
-    )
-    ran = re.findall(r"Running stage '([^']+)'", result.stdout + result.stderr)
+    result = dvc(repo_dir, *arguments, env={**child_env(point.run_id, tracking_uri), **threads_each(at_once)})
+    ran = stages_ran(result.stdout + result.stderr)
     logger.info("%s: ran %s", point.experiment, ", ".join(ran) or "nothing (all cached)")
     if result.returncode != 0:
         raise RuntimeError(f"{point.experiment}: {error_line(result.stderr or result.stdout)}")

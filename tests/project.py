@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from flows.common import stages_ran
 from lmpipe.codedeps import PACKAGES
 from tests.workdir import ROOT
 
@@ -66,7 +66,7 @@ def reproduce_template(path: Path) -> Path:
     shutil.copy(ROOT / "tests/test_codedeps.py", project / "tests/test_codedeps.py")
     sh(project, "git", "add", "-A")
     sh(project, "git", "commit", "-qm", "docs and tests")
-    ran = stages_run(sh(project, "dvc", "repro", MLFLOW_TRACKING_URI=None).stdout)
+    ran = stages_ran(sh(project, "dvc", "repro", MLFLOW_TRACKING_URI=None).stdout)
     assert "evaluate" in ran
     return project
 
@@ -127,5 +127,3 @@ def dvc_stages(project: Path) -> set[str]:
     return set(sh(project, "dvc", "stage", "list", "--name-only").stdout.split())
 
 
-def stages_run(output: str) -> list[str]:
-    return re.findall(r"Running stage '([^']+)'", output)

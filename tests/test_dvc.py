@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.project import dvc, make_project, sh, stages_run
+from tests.project import dvc, make_project, sh, stages_ran
 
 
 @pytest.fixture(scope="module")
@@ -19,19 +19,19 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_repro_then_nothing_then_only_what_changed(repo: Path) -> None:
     first = dvc(repo, "repro", "pack")
-    assert stages_run(first) == ["sample", "ingest@sample", "clean", "tokenizer", "pack"]
+    assert stages_ran(first) == ["sample", "ingest@sample", "clean", "tokenizer", "pack"]
     meta = json.loads((repo / "data/tokens/meta.json").read_text())
     assert meta["synthetic"] is True and meta["train"]["tokens"] > 50_000
 
     second = dvc(repo, "repro", "pack")
-    assert stages_run(second) == []
+    assert stages_ran(second) == []
     assert "Data and pipelines are up to date." in second
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["clean"]["min_words"] = 60
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     third = dvc(repo, "repro", "pack")
-    assert stages_run(third) == ["clean", "tokenizer", "pack"]
+    assert stages_ran(third) == ["clean", "tokenizer", "pack"]
     report = json.loads((repo / "metrics/clean.json").read_text())
     assert report["dropped"]["too_few_words"] > 0
     sh(repo, "git", "commit", "-qam", "min_words 60")
@@ -67,7 +67,7 @@ def test_every_stage_execution_is_an_mlflow_run(repo: Path) -> None:
 
 def test_dvc_experiment_with_a_param_override(repo: Path) -> None:
     out = dvc(repo, "exp", "run", "-n", "fewer-words", "-S", "clean.min_words=20", "pack")
-    assert stages_run(out) == ["clean", "tokenizer", "pack"]
+    assert stages_ran(out) == ["clean", "tokenizer", "pack"]
     shown = json.loads(dvc(repo, "exp", "show", "--json", "--no-fetch"))
     experiments = [e for rev in shown for e in (rev.get("experiments") or [])]
     names = {run["name"]: run for e in experiments for run in e.get("revs", [])}

@@ -11,7 +11,7 @@ import pandas as pd
 import yaml
 from sklearn.metrics import accuracy_score
 
-from tests.project import copy_project, dvc, stages_run
+from tests.project import copy_project, dvc, stages_ran
 
 
 def test_real_rte_end_to_end_through_dvc_repro(
@@ -24,7 +24,7 @@ def test_real_rte_end_to_end_through_dvc_repro(
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     # the GLUE copy and task changed: its stages re-run, the data stages and pretraining do not
-    ran = stages_run(dvc(repo, "repro"))
+    ran = stages_ran(dvc(repo, "repro"))
     finetunes = {"finetune@encoder_mlm-rte", "finetune_scratch@encoder_mlm-rte"}
     assert set(ran) == {"glue_prepare", *finetunes, "evaluate"}
     assert ran[0] == "glue_prepare" and ran[-1] == "evaluate"
@@ -42,4 +42,4 @@ def test_real_rte_end_to_end_through_dvc_repro(
     shown = dvc(repo, "metrics", "show", "--json")
     assert "encoder_mlm" in json.loads(shown)[""]["data"]["metrics/glue.json"]["data"]
 
-    assert stages_run(dvc(repo, "repro")) == []
+    assert stages_ran(dvc(repo, "repro")) == []

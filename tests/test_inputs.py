@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lmpipe.data.synthetic import corpus, glue_files
-from tests.project import changed_deps, make_project, sh, stages_run
+from tests.project import changed_deps, make_project, sh, stages_ran
 
 SOURCES = ["ingest@books", "ingest@wiki"]
 BOOKS = 120  # documents in the books folder as the fixture writes it
@@ -23,7 +23,7 @@ def status(project: Path) -> dict[str, list[str]]:
 
 
 def repro(project: Path) -> list[str]:
-    return stages_run(sh(project, "dvc", "repro", "pack", "glue_prepare").stdout)
+    return stages_ran(sh(project, "dvc", "repro", "pack", "glue_prepare").stdout)
 
 
 def documents(project: Path, source: str) -> int:

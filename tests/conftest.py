@@ -11,12 +11,21 @@ import pytest
 
 from tests.workdir import Workdir
 
-# A pytest-xdist worker per core: each worker and the stages it starts get their share of the cores
-# (read by PyTorch when it starts, so set before any test module imports it). PyTorch's OpenMP threads
-# spin while they wait: two workers training with a thread per core each run several times slower.
+CORES = len(os.sched_getaffinity(0))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker more than the cores (pyproject caps them at 4): a test spends much of its
+    time waiting on servers and stage processes, which a third worker's tests fill on 2 cores."""
+    return CORES + 1
+
+
+# Each pytest-xdist worker and the stages it starts get their share of the cores (read by PyTorch when
+# it starts, so set before any test module imports it). PyTorch's OpenMP threads spin while they
+# wait: two workers training with a thread per core each run several times slower.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_THREADS"):
     workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, CORES // workers))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -91,8 +91,8 @@ THREADS_ENV = "OMP_NUM_THREADS"  # PyTorch's intra-op threads, read when a proce
 def threads_each(at_once: int) -> dict[str, str]:
     """OMP_NUM_THREADS for each of `at_once` processes sharing this machine's cores: its share of them.
     PyTorch's OpenMP threads spin while they wait, so processes that together ask for more threads than
-    there are cores run several times slower (two tiny training loops at once on 2 cores: 79 s with 2
-    threads each, 13 s with 1; docs/benchmarks.md). A setting of the user's wins."""
+    there are cores run several times slower (two `tiny` training loops at once on 2 cores: 73 s with 2
+    threads each, 26 s with 1; bench/threads.py, docs/benchmarks.md). A setting of the user's wins."""
     if os.environ.get(THREADS_ENV):
         return {}
     return {THREADS_ENV: str(max(1, len(os.sched_getaffinity(0)) // max(1, at_once)))}

@@ -401,7 +401,7 @@ def ablation(
             "glue.png": plot_scores(table, swept),
             "pretrain_loss.png": plot_losses(points, results, swept),
         }
-        sweep.publish(report, files, "ablation-comparison")
+        sweep.publish(files, "comparison.md", "ablation-comparison")
         logger.info("comparison of %d points: %s\n%s", table["experiment"].nunique(), sweep.out, report)
     sweep.close({}, failed)
     return {

@@ -327,7 +327,7 @@ def scaling(
         "scaling.csv": pd.DataFrame(measured).to_csv(index=False),
         "scaling.png": plot(measured, fit, power),
     }
-    sweep.publish(report, files, "scaling-fit")
+    sweep.publish(files, "scaling.md", "scaling-fit")
     logger.info("scaling fit: %s\n%s", sweep.out, report)
     fitted: dict[str, float] | None = None
     parent_metrics: dict[str, float] = {}

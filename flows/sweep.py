@@ -368,9 +368,9 @@ class Sweep:
         assert self.tracking is not None
         self.tracking.client.set_terminated(point.run_id, "FAILED")
 
-    def publish(self, report: str, files: Mapping[str, bytes | str], artifact_key: str) -> str:
-        """The report (`<kind>.md`) and its files into reports/ablation/<sweep>/ and onto the parent
-        run; the markdown also as a Prefect artifact. With a pool, the report says where points ran."""
+    def publish(self, files: Mapping[str, bytes | str], report: str, artifact_key: str) -> None:
+        """`files` into reports/ablation/<sweep>/ and onto the parent run; the markdown one named
+        `report` also as a Prefect artifact."""
         assert self.tracking is not None
         self.out.mkdir(parents=True, exist_ok=True)
         for name, content in files.items():
@@ -378,8 +378,7 @@ class Sweep:
             path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
         for path in sorted(self.out.iterdir()):
             self.tracking.client.log_artifact(self.parent, str(path))
-        create_markdown_artifact(report, key=artifact_key)
-        return report
+        create_markdown_artifact(str(files[report]), key=artifact_key)
 
     def where_points_ran(
         self, points: Sequence[Point], results: Mapping[int, dict[str, Any]], failed: Mapping[int, str]

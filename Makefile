@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: setup repro test lint bench ui clean-venv
+.PHONY: setup test-setup repro test lint bench ui clean-venv
 
 setup: $(STAMP)
 
@@ -36,13 +36,17 @@ ui: setup
 	print('MLflow:', ui_link(tracking_experiment(), $(UI_PORT)))"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
-# the hf extra (transformers) for the export tests
-$(VENV)/.installed-hf: $(STAMP)
+# the tests' environment: setup's and the hf extra (transformers, for the export tests), in one install
+TEST_STAMP := $(VENV)/.installed-test
+test-setup: $(TEST_STAMP)
+
+$(TEST_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev,hf]'
-	touch $@
+	touch $(STAMP) $@
 
 # PYTEST_ARGS='-m "not slow"' leaves out the slow tier (real-text learning, resume, DDP, compile, fan-out)
-test: setup $(VENV)/.installed-hf
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup

@@ -1,6 +1,7 @@
 """The Prefect flows on a real, CI-sized DVC project: the pipeline flow under Prefect's test harness
-(the graph, a no-op second run, a failing stage), one deployment of it run by a real local server and
-process worker, and an ablation sweep into DVC experiments, nested MLflow runs and a comparison."""
+(what an edit made stale runs, the rest shows as Cached, a second run does nothing, a failing stage),
+one deployment of it run by a real local server and process worker, and an ablation sweep into DVC
+experiments, nested MLflow runs and a comparison."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from flows.ablation import PRESETS, ablation, baseline_index, equal_flops_budget
 from flows.common import PipelineError
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
-from tests.project import copy_project, dvc_stages, sh, tiny_project
+from tests.project import copy_project, dvc_stages, sh
 from tests.services import BIN, free_port, prefect, prefect_env, prefect_server, start, stop
 from tests.workdir import DEFAULT_PARAMS, ROOT
 
@@ -121,32 +122,34 @@ def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
                 assert set(validated.pretrain.models) <= set(validated.models)
 
 
-def test_pipeline_runs_the_graph_then_nothing(harness: None, tmp_path: Path) -> None:
-    project = tiny_project(tmp_path / "project")  # nothing reproduced yet
+def test_pipeline_runs_what_changed_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:
     sh(project, "dvc", "remote", "add", "shared", str(tmp_path / "remote"))  # as workers share a cache
     # tiny stages are mostly process start-up: two at once pay off here (not with the default profile)
-    first = pipeline(repo=str(project), retry_delay_s=0, dvc_remote="shared", max_parallel=2)
-    assert set(first["ran"]) == dvc_stages(project) and not first["failed"] and not first["skipped"]
-    order = first["ran"]
-    assert (
-        order.index("pack") < order.index("pretrain@encoder_mlm") < order.index("finetune@encoder_mlm-stsb")
-    )
-    assert order[-1] == "evaluate"
+    changed = ["pretrain.lr=0.0017"]  # pretraining and what reads it; the data and the scratch baseline not
+    options = {"repo": str(project), "overrides": changed, "retry_delay_s": 0, "max_parallel": 2}
+    state = pipeline(**options, dvc_remote="shared", return_state=True)
+    first = state.result()
+    stages = dvc_stages(project)
+    ran = ["pretrain@encoder_mlm", "export@encoder_mlm", "finetune@encoder_mlm-stsb", "evaluate"]
+    assert sorted(first["ran"]) == sorted(ran) and not first["failed"]
+    assert set(first["skipped"]) == stages - set(ran)
+    assert first["ran"][0] == "pretrain@encoder_mlm" and first["ran"][-1] == "evaluate"
     assert "up to date" in sh(project, "dvc", "status").stdout  # dvc.lock says what `dvc repro` would
-    assert (project / "reports/glue.md").exists()
-    assert "in sync" in sh(project, "dvc", "status", "--cloud", "--remote", "shared").stdout  # all pushed
+    pushed = sh(project, "dvc", "status", "--cloud", "--remote", "shared", *ran).stdout
+    assert "in sync" in pushed  # what ran is on the workers' shared remote
+    # the server's view (Prefect's UI): every stage a task run, an up-to-date one in the Cached state
+    states = task_run_states(state.state_details.flow_run_id, stages)
+    assert states == {name: "Completed" if name in ran else "Cached" for name in stages}
 
-    # the flow's run (`dvc repro` elsewhere in the session makes `pipeline` runs too: with a pipeline_key)
-    (parent,) = [run for run in runs("tags.stage = 'pipeline'") if "pipeline_key" not in run.data.tags]
+    # the flow's run, the stage runs under it
+    (parent,) = runs("tags.stage = 'pipeline' and tags.`override.pretrain.lr` = '0.0017'")
     assert parent.info.status == "FINISHED"
     children = runs(f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    assert {run.data.tags["stage"] for run in children} >= {"clean", "pretrain", "finetune", "evaluate"}
+    assert {run.data.tags["stage"] for run in children} == {"pretrain", "export", "finetune", "evaluate"}
 
-    state = pipeline(repo=str(project), retry_delay_s=0, max_parallel=2, return_state=True)
+    state = pipeline(**options, return_state=True)
     second = state.result()
-    assert second["ran"] == [] and set(second["skipped"]) == dvc_stages(project)
-    # the server's view (Prefect's UI): every stage a task run, each in the Cached state
-    stages = dvc_stages(project)
+    assert second["ran"] == [] and set(second["skipped"]) == stages
     assert task_run_states(state.state_details.flow_run_id, stages) == dict.fromkeys(stages, "Cached")
 
 

@@ -212,8 +212,10 @@ def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(sample_
     alone writes the outputs and the one MLflow run."""
     sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
     path, runs = sample_pipeline.path, pretrain_runs("decoder_clm")
+    # small batches: bf16 is emulated, and slow, on CPUs without AVX-512 BF16
     steps = {"pretrain.max_steps": 20, "pretrain.warmup_steps": 0, "pretrain.val_every": 10}
     steps |= {"pretrain.checkpoint_every": 5, "pretrain.precision": "bf16-mixed"}
+    steps |= {"pretrain.batch_size": 4, "pretrain.seq_len": 32, "pretrain.val_batches": 2}
     with sample_pipeline.changed(steps | {"pretrain.strategy": "ddp", "pretrain.devices": 2}):
         killed_after(path / "checkpoints/decoder_clm/resume/step5.ckpt", sample_pipeline)
         assert not (path / "checkpoints/decoder_clm/final").exists(), "the run ended before it was killed"
@@ -222,7 +224,7 @@ def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(sample_
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from" in result.stderr
     ddp = json.loads((path / "metrics/pretrain/decoder_clm.json").read_text())
-    assert ddp["steps"] == 20 and ddp["tokens_seen"] == 20 * 16 * 128 * 2
+    assert ddp["steps"] == 20 and ddp["tokens_seen"] == 20 * 4 * 32 * 2
     assert ddp["flops_per_step"] == 2 * micro_batch  # a step is both processes' micro-batches
     assert pretrain_runs("decoder_clm") == runs + 1  # the resumed run goes on in the killed one's
     model, config = load_pretrained(path / "checkpoints/decoder_clm/final")

@@ -50,7 +50,7 @@ from data_scale import ROOT, corpus_dir, generate, run_stage, sentences  # noqa:
 
 from lmpipe.data.dedup import lsh_params  # noqa: E402
 from lmpipe.data.quality import failed_rule, normalize  # noqa: E402
-from lmpipe.data.readers import join_paragraphs, split_long  # noqa: E402
+from lmpipe.data.splitting import join_paragraphs, split_long  # noqa: E402
 from lmpipe.params.clean import CleanParams  # noqa: E402
 
 MAX_DOC_CHARS = 3000

@@ -3,13 +3,15 @@ real English sentences (no near-duplicates), each stage a real `python -m stages
 
     CORPUS_DIR=../shared/data/corpus python bench/data_scale.py --sizes-mb 100 1000 4000 [--work DIR]
     CORPUS_DIR=../shared/data/corpus python bench/data_scale.py --sizes-mb 100 --cluster
+    python bench/data_scale.py --folder ../shared/data/corpus-large   # a real folder as it comes
 
 For every size and stage: wall time, MB/s per core (of the corpus's text) and the peak RSS of the stage's
 process tree (the stage and its workers, sampled every 0.1 s); then, per stage, the growth exponents
 a and b of time ∝ size^a and RSS ∝ size^b (least squares on the logs). With --cluster, `clean` of the
 first size once more in one process and on a local Dask cluster of 2 workers (127.0.0.1): the
-speed-up and whether the outputs are the same bytes. One JSON line per measure. Not a test: nothing
-here asserts a time.
+speed-up and whether the outputs are the same bytes. With --folder, the stages on that folder as it is
+(`.txt` and `.txt.gz`, WikiExtractor files and Project Gutenberg books read as such), with what ingest
+and clean counted. One JSON line per measure. Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -135,12 +137,46 @@ def compare_cluster(project: Path) -> None:
     print(json.dumps(row), flush=True)
 
 
+def project_for(project: Path, folder: Path, include: list[str]) -> None:
+    project.mkdir(parents=True, exist_ok=True)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["ingest"]["sources"] = {"text": {"path": str(folder), "include": include}}
+    params["tokenizer"]["vocab_size"] = 16000
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def measure_folder(folder: Path, work: Path) -> None:
+    """The data stages on a real folder as it comes: wall time, peak RSS, and what ingest and clean
+    counted (articles, books, the Gutenberg boilerplate dropped)."""
+    project = work / "project"
+    project_for(project, folder, ["**/*.txt", "**/*.txt.gz"])
+    cores = len(os.sched_getaffinity(0))
+    for stage in STAGES:
+        seconds, peak = run_stage(project, stage, *(["text"] if stage == "ingest" else []))
+        row = {"measure": "data_folder", "folder": folder.name, "stage": stage, "seconds": round(seconds, 1)}
+        row |= {"peak_rss_mb": round(peak), "cores": cores}
+        if stage == "ingest":
+            row["counts"] = json.loads((project / "metrics/ingest/text.json").read_text())
+        if stage == "clean":
+            report = json.loads((project / "metrics/clean.json").read_text())
+            kept = ("documents_in", "documents_kept", "characters_in", "characters_kept")
+            row["counts"] = {key: report[key] for key in kept}
+            row["counts"]["dropped"] = {rule: n for rule, n in report["dropped"].items() if n}
+            gutenberg = report["dropped_characters"]["gutenberg_boilerplate"]
+            row["counts"]["gutenberg_boilerplate_characters"] = gutenberg
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000, 4000])
     parser.add_argument("--cluster", action="store_true", help="clean: 1 process vs 2 Dask workers")
     parser.add_argument("--work", type=Path, help="for corpora and projects (default: a temporary one)")
+    parser.add_argument("--folder", type=Path, help="a real corpus folder instead of generated sizes")
     args = parser.parse_args()
+    if args.folder:
+        measure_folder(args.folder.resolve(), args.work or Path(tempfile.mkdtemp(prefix="data-folder-")))
+        return
     corpus = corpus_dir()
     work = args.work or Path(tempfile.mkdtemp(prefix="data-scale-"))
     pool = sentences(corpus)
@@ -153,11 +189,7 @@ def main() -> None:
         else:
             size = generate(text, pool, megabytes)
         project = work / f"project-{megabytes}mb"
-        project.mkdir(exist_ok=True)
-        params = yaml.safe_load((ROOT / "params.yaml").read_text())
-        params["ingest"]["sources"] = {"text": {"path": str(text), "include": ["*.txt"]}}
-        params["tokenizer"]["vocab_size"] = 16000
-        (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        project_for(project, text, ["*.txt"])
         for stage in STAGES:
             seconds, peak = run_stage(project, stage, *(["text"] if stage == "ingest" else []))
             row = {

@@ -5,19 +5,27 @@ from __future__ import annotations
 import pandas as pd
 import pandera.errors
 import pandera.pandas as pa
+import pyarrow as arrow
 
 from lmpipe.runtime import StageError
 
+NO_META = "{}"
 DOCUMENTS = pa.DataFrameSchema(
     {
         "id": pa.Column(str, unique=True),
         "source": pa.Column(str, pa.Check.str_length(min_value=1)),
         "text": pa.Column(str, pa.Check.str_length(min_value=1)),
+        # a JSON object: what the reader knew of the document (a Wikipedia article's title and url,
+        # the part of a Project Gutenberg book), NO_META when nothing
+        "meta": pa.Column(str, pa.Check.str_startswith("{")),
     },
     strict=True,
     ordered=True,
     name="documents",
 )
+# the documents' parquet files (ingest's and clean's)
+DOCUMENT_COLUMNS = list(DOCUMENTS.columns)
+DOCUMENTS_ARROW = arrow.schema([(column, arrow.string()) for column in DOCUMENT_COLUMNS])
 
 
 def validate(schema: pa.DataFrameSchema, frame: pd.DataFrame, where: str) -> pd.DataFrame:

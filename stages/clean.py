@@ -1,7 +1,7 @@
 """Stage `clean`: normalise, filter by quality rules, drop exact and near duplicates.
 
 `data/raw/<source>/*.parquet` (the sources of `ingest.sources`, in order) -> `data/clean/part-*.parquet`
-(id, source, text; in corpus order) and `metrics/clean.json`, where every dropped document is counted
+(id, source, text, meta; in corpus order) and `metrics/clean.json`, where every dropped document is counted
 against the first rule it breaks; none is dropped silently.
 
 Memory stays flat in the corpus size: the work is done per shard (a row group of a raw file) in
@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 
 from lmpipe.data.cleaning import clean
-from lmpipe.data.quality import RULES
+from lmpipe.data.quality import DOCUMENT_RULES, RULES
 from lmpipe.layout import CLEAN, CLEAN_METRICS, CLEAN_WORK, raw_dir
 from lmpipe.params.clean import CleanParams
 from lmpipe.params.cluster import ClusterParams
@@ -71,9 +71,14 @@ def main() -> None:
         report = {
             "documents_in": counts["documents_in"],
             "documents_kept": counts["documents_kept"],
+            "characters_in": counts["characters_in"],
             "characters_kept": counts["characters_kept"],
             "kept_fraction": round(counts["documents_kept"] / counts["documents_in"], 6),
             "dropped": dropped,
+            # the raw characters of the documents each per-document rule dropped
+            "dropped_characters": {
+                rule.name: counts[f"dropped_characters.{rule.name}"] for rule in DOCUMENT_RULES
+            },
         }
         write_json(CLEAN_METRICS, report)
         run.log_metrics(report)

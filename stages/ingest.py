@@ -1,12 +1,13 @@
 """Stage `ingest@<name>`: the source `ingest.sources.<name>` -> `data/raw/<name>/part-*.parquet`
-(id, source, text) and `metrics/ingest/<name>.json`.
+(id, source, text, meta) and `metrics/ingest/<name>.json`.
 
 A source is a local file or folder (`path`, which dvc.yaml declares as the stage's dependency, so DVC
 hashes it and any added, removed or edited file makes the stage stale): text files (txt, jsonl, json,
-parquet, csv, each optionally .gz) picked by `include`, a local Hugging Face builder (streamed, capped
-at `max_documents`), a `save_to_disk` folder (Hub datasets arrive as one, from the `hub` stage), or the
-unlabeled text of GLUE tasks' train splits as glue_prepare wrote them (task-adaptive pretraining,
-Gururangan et al. 2020).
+parquet, csv, each optionally .gz; WikiExtractor's files an article a document, its title and url as
+`meta`; Project Gutenberg books with their header and footer marked) picked by `include`, a local
+Hugging Face builder (streamed, capped at `max_documents`), a `save_to_disk` folder (Hub datasets
+arrive as one, from the `hub` stage), or the unlabeled text of GLUE tasks' train splits as
+glue_prepare wrote them (task-adaptive pretraining, Gururangan et al. 2020).
 
 A folder of files is read in units of about UNIT_BYTES (whole files, in order), each into parts of its
 own: on every core here or on a Dask cluster (`cluster.scheduler`), and an interrupted run resumes

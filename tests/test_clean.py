@@ -20,37 +20,12 @@ from lmpipe.data.quality import (
     normalize,
 )
 from lmpipe.params.clean import CleanParams
+from lmpipe.schemas import NO_META
 from stages import clean, ingest
 from tests.pipeline_helpers import clean_texts
+from tests.texts import WORDS, prose
 
 CFG = CleanParams()
-WORDS = [
-    "river",
-    "stone",
-    "garden",
-    "market",
-    "window",
-    "letter",
-    "morning",
-    "village",
-    "teacher",
-    "summer",
-    "question",
-    "silver",
-]
-
-
-def prose(seed: int, words: int = 80) -> str:
-    rng = random.Random(seed)
-    sentences, current = [], []
-    for _ in range(words):
-        current.append(rng.choice(WORDS))
-        if len(current) == 8:
-            sentences.append(" ".join(current).capitalize() + ".")
-            current = []
-    return " ".join(sentences + ([" ".join(current) + "."] if current else []))
-
-
 def test_normalize() -> None:
     raw = "Cafe\u0301\r\nline\ttwo  \u00a0three\u200b\x07\n\n\n\n end \ufeff"
     assert normalize(raw) == "Caf\u00e9\nline two three\n\nend"
@@ -91,6 +66,7 @@ def test_character_classes_agree_with_the_rules_patterns() -> None:
 
 # a document each per-document rule drops (and no rule before it): the test of every rule in RULES
 EXAMPLES = {
+    "gutenberg_boilerplate": prose(11),  # with META's mark: good prose, but the licence's
     "empty": "",
     "too_few_chars": "short text here.",
     "too_many_chars": " ".join(["words"] * 200),  # with CONFIGS' max_chars
@@ -110,6 +86,8 @@ EXAMPLES = {
 }
 
 
+# what ingest's reader knew of the example (lmpipe/schemas.py: DOCUMENTS' meta)
+META = {"gutenberg_boilerplate": json.dumps({"gutenberg": "footer"})}
 CONFIGS = {
     "too_many_chars": {"max_chars": 1000},
     "duplicate_line_chars": {"max_duplicate_line_fraction": 0.9},
@@ -121,7 +99,7 @@ def test_each_rule(rule: str) -> None:
     cfg = CleanParams(**CONFIGS.get(rule, {}))
     (params,) = [r.params for r in RULES if r.name == rule]
     assert set(params) <= set(CleanParams.model_fields)  # the keys the docs' table names are real
-    assert failed_rule(normalize(EXAMPLES[rule]), cfg) == rule
+    assert failed_rule(normalize(EXAMPLES[rule]), cfg, meta=META.get(rule, NO_META)) == rule
     assert failed_rule(normalize(prose(8)), cfg) is None
 
 
@@ -130,7 +108,7 @@ def write_raw(workdir, texts: list[str]) -> None:
     raw = workdir.path / "data/raw/t"
     raw.mkdir(parents=True)
     ids = [f"t#{i}" for i in range(len(texts))]
-    table = pa.table({"id": ids, "source": ["t"] * len(texts), "text": texts})
+    table = pa.table({"id": ids, "source": ["t"] * len(texts), "text": texts, "meta": [NO_META] * len(texts)})
     pq.write_table(table, raw / "part-00000.parquet", row_group_size=8)  # shards of 8 documents
     (raw / "manifest.json").write_text(json.dumps({"name": "t", "synthetic": False}))
     workdir.sources(t={"path": "unused"})

@@ -25,6 +25,7 @@ from lmpipe.data.synthetic import corpus
 from lmpipe.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards, ingest_work
 from lmpipe.params.project import load_params
 from lmpipe.runtime import StageError
+from lmpipe.schemas import NO_META
 from stages import clean, ingest, pack, tokenizer
 from tests.workdir import ROOT, Workdir
 
@@ -44,7 +45,8 @@ def sharded(workdir: Workdir) -> Workdir:
     raw = workdir.path / "data/raw/synthetic"
     raw.mkdir(parents=True)
     ids = [f"d#{i}" for i in range(len(docs))]
-    table = pa.table({"id": ids, "source": ["synthetic"] * len(docs), "text": docs})
+    n = len(docs)
+    table = pa.table({"id": ids, "source": ["synthetic"] * n, "text": docs, "meta": [NO_META] * n})
     pq.write_table(table, raw / "part-00000.parquet", row_group_size=SHARD_ROWS)
     (raw / "manifest.json").write_text(json.dumps({"name": "synthetic", "synthetic": True}))
     workdir.sources(synthetic={"path": "unused"})

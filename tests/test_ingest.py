@@ -61,7 +61,7 @@ def test_every_format_and_gzip(workdir) -> None:
     texts = raw_texts(workdir)
     assert texts.count(f"{PARA} Record 1.") == 8
     frame = pq.read_table(workdir.path / "data/raw/plain/part-00000.parquet").to_pandas()
-    assert list(frame.columns) == ["id", "source", "text"]
+    assert list(frame.columns) == ["id", "source", "text", "meta"]
     assert frame["id"].is_unique and set(frame["source"]) == {"plain"}
     assert "plain/a.txt#0" in set(frame["id"])  # relative to the source: the same wherever it lives
 
@@ -338,7 +338,7 @@ def test_a_folder_of_100000_small_files(workdir) -> None:
 def test_streamed_text_gives_the_documents_of_the_whole_text(split_by: str) -> None:
     import random
 
-    from lmpipe.data.readers import split_long, split_text
+    from lmpipe.data.splitting import split_long, split_text
 
     rng = random.Random(split_by)
     words = ["harbour", "ship", "a", "the", "lantern", "x" * 30]
@@ -355,7 +355,7 @@ def test_streamed_text_gives_the_documents_of_the_whole_text(split_by: str) -> N
 
         parts = re.split(separators[split_by], text) if separators[split_by] else [text]
         if split_by == "chunks":
-            from lmpipe.data.readers import join_paragraphs
+            from lmpipe.data.splitting import join_paragraphs
 
             parts = list(join_paragraphs(parts, 1000))
         whole = [doc for part in parts for doc in split_long(part, 1000)]

@@ -26,9 +26,7 @@ from lmpipe.runtime import (
     atomic_file,
     log,
 )
-from lmpipe.schemas import DOCUMENTS, validate
-
-SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
+from lmpipe.schemas import DOCUMENT_COLUMNS, DOCUMENTS, DOCUMENTS_ARROW, validate
 
 
 @dataclass(frozen=True)
@@ -50,27 +48,29 @@ def judge(job: Job, shard: Shard) -> dict[str, int]:
     folder = job.judged(shard)
     if folder.exists():  # finished by an earlier, interrupted run (written whole or not at all)
         return json.loads((folder / "counts.json").read_text())
-    table = pq.ParquetFile(shard.path).read_row_group(shard.row_group, columns=["id", "source", "text"])
+    table = pq.ParquetFile(shard.path).read_row_group(shard.row_group, columns=DOCUMENT_COLUMNS)
     counts: Counter = Counter(documents_in=table.num_rows)
     kept_rows, index, keys, signatures = [], [], [], []
-    ids, sources, texts = (table.column(i).to_pylist() for i in range(3))
-    for row, (doc_id, source, raw) in enumerate(zip(ids, sources, texts, strict=True)):
+    ids, sources, texts, metas = (table.column(column).to_pylist() for column in DOCUMENT_COLUMNS)
+    for row, (doc_id, source, raw, meta) in enumerate(zip(ids, sources, texts, metas, strict=True)):
         counts["characters_in"] += len(raw)
         text = normalize(raw)
         words = Words(text)
-        rule = failed_rule(text, job.cfg, words)
+        rule = failed_rule(text, job.cfg, words, meta)
         if rule is not None:
             counts[f"dropped.{rule}"] += 1
+            counts[f"dropped_characters.{rule}"] += len(raw)
             continue
-        kept_rows.append((doc_id, source, text))
+        kept_rows.append((doc_id, source, text, meta))
         index.append(shard.offset + row)
         keys.append(np.frombuffer(exact_key(text), dtype=np.uint64))
         if job.cfg.near_dedup.enabled:
             signatures.append(minhash_signature(words, job.cfg, job.seed).hashvalues)
 
     with atomic_dir(folder) as tmp:
-        frame = pd.DataFrame(kept_rows, columns=["id", "source", "text"])
-        pq.write_table(pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False), tmp / "kept.parquet")
+        frame = pd.DataFrame(kept_rows, columns=DOCUMENT_COLUMNS)
+        kept_table = pa.Table.from_pandas(frame, schema=DOCUMENTS_ARROW, preserve_index=False)
+        pq.write_table(kept_table, tmp / "kept.parquet")
         np.save(tmp / "index.npy", np.array(index, dtype=np.int64))
         np.save(tmp / "exact.npy", np.array(keys, dtype=np.uint64).reshape(-1, 2))
         if signatures:

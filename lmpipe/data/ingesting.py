@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 
 from lmpipe.data import resume
 from lmpipe.data.parallel import shard_map
-from lmpipe.data.readers import FileReader, TextDecoder, detect_format, join_paragraphs, split_long
+from lmpipe.data.readers import FileReader, TextDecoder, detect_format
+from lmpipe.data.splitting import join_paragraphs, split_long
 from lmpipe.glue.tasks import task as glue_task
 from lmpipe.layout import ingest_work
 from lmpipe.params.ingest import IngestParams, SourceParams
@@ -33,7 +34,7 @@ from lmpipe.runtime import (
     read_json,
     setup_logging,
 )
-from lmpipe.schemas import DOCUMENTS, validate
+from lmpipe.schemas import DOCUMENT_COLUMNS, DOCUMENTS, DOCUMENTS_ARROW, NO_META, validate
 
 # a row group is the unit of work of `clean` (resumed as a whole, on one worker): small enough to
 # spread over the cores and to bound a worker's memory, large enough to keep per-shard overhead low
@@ -52,10 +53,7 @@ UNIT_BYTES = 64 << 20  # input bytes per unit of work: a task for a worker, a po
 UNIT_LOG_S = 30.0  # a unit still running after this long logs its progress (one large file)
 
 
-SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("text", pa.string())])
-
-
-Document = tuple[str, str]  # (id, text)
+Document = tuple[str, str, str]  # (id, text, metadata as a JSON object)
 
 
 def _visible(path: Path, root: Path) -> bool:
@@ -154,9 +152,9 @@ def ingest_unit(job: Job, unit: Unit) -> dict[str, int]:
         for given, name in unit.files:
             counts["files"] += 1
             path = job.local(given)
-            for n, text in enumerate(reader.read(path, detect_format(path, source.format))):
+            for n, (text, meta) in enumerate(reader.read(path, detect_format(path, source.format))):
                 meter.update(docs=1, nbytes=len(text))
-                yield f"{name}#{n}", text
+                yield f"{name}#{n}", text, meta
 
     with atomic_dir(folder) as tmp:
         write_source(tmp, job.name, docs(), counts)
@@ -251,7 +249,7 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Me
             counts["null_texts_skipped"] += 1
             continue
         for text in split_long(value.replace("\r\n", "\n"), source.max_doc_chars):
-            yield f"{prefix}#{n}", text
+            yield f"{prefix}#{n}", text, NO_META
             n += 1
         meter.update(nbytes=len(value))
         if source.max_documents and n >= source.max_documents:
@@ -290,7 +288,7 @@ def glue_documents(source: SourceParams, key: str, counts: Counter) -> Iterator[
         chunks = join_paragraphs(sentences, source.max_doc_chars, "\n")
         pieces = (piece for chunk in chunks for piece in split_long(chunk, source.max_doc_chars))
         for n, doc in enumerate(pieces):
-            yield f"{name}/train#{n}", doc
+            yield f"{name}/train#{n}", doc, NO_META
 
 
 class ShardWriter:
@@ -305,8 +303,8 @@ class ShardWriter:
         self.shards = 0
         self.shard_chars = 0
 
-    def add(self, doc_id: str, text: str) -> None:
-        self.batch.append((f"{self.label}/{doc_id}", text))  # unique across sources
+    def add(self, doc_id: str, text: str, meta: str) -> None:
+        self.batch.append((f"{self.label}/{doc_id}", self.label, text, meta))  # ids unique across sources
         self.batch_chars += len(text)
         self.shard_chars += len(text)
         if len(self.batch) >= ROW_GROUP_DOCS or self.batch_chars >= ROW_GROUP_CHARS:
@@ -318,12 +316,11 @@ class ShardWriter:
         if not self.batch:
             return
         path = self.folder / f"part-{self.shards:05d}.parquet"
-        frame = pd.DataFrame(self.batch, columns=["id", "text"])
-        frame.insert(1, "source", self.label)
+        frame = pd.DataFrame(self.batch, columns=DOCUMENT_COLUMNS)
         validate(DOCUMENTS, frame, str(path))
         if self.writer is None:
-            self.writer = pq.ParquetWriter(path, SCHEMA, compression="zstd")
-        self.writer.write_table(pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False))
+            self.writer = pq.ParquetWriter(path, DOCUMENTS_ARROW, compression="zstd")
+        self.writer.write_table(pa.Table.from_pandas(frame, schema=DOCUMENTS_ARROW, preserve_index=False))
         self.batch.clear()
         self.batch_chars = 0
 
@@ -349,12 +346,12 @@ def write_source(
     """The documents as shards in `folder`; returns the number of shards."""
     writer = ShardWriter(folder, label)
     try:
-        for doc_id, text in docs:
+        for doc_id, text, meta in docs:
             if meter is not None:
                 meter.update(docs=1)
             if not text.strip():
                 continue
-            writer.add(doc_id, text)
+            writer.add(doc_id, text, meta)
             counts["documents"] += 1
             counts["characters"] += len(text)
     except BaseException:

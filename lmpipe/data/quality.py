@@ -6,6 +6,7 @@ Pure functions of one document, run in worker processes; dedup across documents 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sys
 import unicodedata
@@ -131,8 +132,13 @@ class Document:
     """A normalised document's figures, each computed when a rule first asks for it: a document an early
     rule drops is never split into words or n-grams."""
 
-    def __init__(self, text: str, lowered: Words | None = None) -> None:
-        self.text, self._lowered = text, lowered
+    def __init__(self, text: str, lowered: Words | None = None, meta: str = "{}") -> None:
+        self.text, self._lowered, self._meta = text, lowered, meta
+
+    @cached_property
+    def meta(self) -> dict:
+        """What the reader knew of the document (lmpipe/schemas.py: DOCUMENTS' meta)."""
+        return json.loads(self._meta)
 
     @cached_property
     def n_chars(self) -> int:
@@ -214,6 +220,12 @@ class Rule:
 
 # in the order they are tried: a dropped document is counted against the first rule it breaks
 RULES: tuple[Rule, ...] = (
+    Rule(
+        "gutenberg_boilerplate",
+        ("gutenberg_boilerplate",),
+        "a Project Gutenberg book's header or licence footer, as ingest marks them",
+        lambda d, c: c.gutenberg_boilerplate and "gutenberg" in d.meta,
+    ),
     Rule("empty", (), "nothing left after normalisation", lambda d, c: d.n_chars == 0),
     Rule("too_few_chars", ("min_chars",), "fewer characters", lambda d, c: d.n_chars < c.min_chars),
     Rule("too_many_chars", ("max_chars",), "more characters", lambda d, c: d.n_chars > c.max_chars),
@@ -279,10 +291,10 @@ RULES: tuple[Rule, ...] = (
 DOCUMENT_RULES = tuple(rule for rule in RULES if rule.breaks is not None)
 
 
-def failed_rule(text: str, cfg: CleanParams, lowered: Words | None = None) -> str | None:
-    """The first per-document rule `text` (already normalised; `lowered` its Words, if made) breaks,
-    or None."""
-    doc = Document(text, lowered)
+def failed_rule(text: str, cfg: CleanParams, lowered: Words | None = None, meta: str = "{}") -> str | None:
+    """The first per-document rule `text` (already normalised; `lowered` its Words, if made; `meta` the
+    reader's metadata) breaks, or None."""
+    doc = Document(text, lowered, meta)
     return next((rule.name for rule in DOCUMENT_RULES if rule.breaks(doc, cfg)), None)
 
 

@@ -1,7 +1,10 @@
 """Readers that turn source files into document texts, streaming: memory stays within a few blocks
 whatever the file's size (a 5 GB file without one newline becomes bounded documents as it is read).
 
-Every reader yields plain `str` documents and counts what it could not use in `counts` (a Counter).
+Every reader yields (text, metadata as a JSON object) documents and counts what it could not use in
+`counts` (a Counter). Text files are read as they come: WikiExtractor's output as one document per
+article (lmpipe/data/wikiextractor.py), a Project Gutenberg book with its header and footer marked
+(lmpipe/data/gutenberg.py), anything else split by `split_by`.
 Bad input that cannot be skipped by policy raises `StageError` naming the file, line or column.
 A JSON array (`.json`) is the one format read whole: it is one value; use jsonl for large files.
 """
@@ -19,13 +22,18 @@ import zlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lmpipe.data import gutenberg, wikiextractor
+from lmpipe.data.splitting import split_long, split_text
 from lmpipe.runtime import StageError, log
+from lmpipe.schemas import NO_META
 
 TEXT_SUFFIXES = {
     ".txt": "txt",
@@ -37,8 +45,6 @@ TEXT_SUFFIXES = {
     ".parquet": "parquet",
     ".csv": "csv",
 }
-_BLANK_LINES = re.compile(r"\n[ \t]*\n")
-_NEWLINE = re.compile("\n")
 _LONE_SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, kept by surrogateescape
 _WARN_LIMIT = 5
 
@@ -129,71 +135,6 @@ def _with_end(chunks: Iterator[bytes]) -> Iterator[bytes | None]:
     yield None
 
 
-def split_long(doc: str, max_chars: int) -> Iterator[str]:
-    """Cut a document longer than `max_chars` at whitespace (hard cut if a piece has none)."""
-    start, n = 0, len(doc)
-    while n - start > max_chars:
-        cut = doc.rfind(" ", start + max_chars // 2, start + max_chars)
-        cut = max(cut, doc.rfind("\n", start + max_chars // 2, start + max_chars))
-        end = cut if cut > start else start + max_chars
-        piece = doc[start:end].strip()
-        if piece:
-            yield piece
-        start = end
-    piece = doc[start:].strip()
-    if piece:
-        yield piece
-
-
-def split_text(texts: Iterator[str], split_by: str, max_chars: int) -> Iterator[str]:
-    """Documents of a text that arrives in pieces: the parts between separators (blank lines, lines;
-    none for `file`), each cut to `max_chars` at whitespace as `split_long` cuts it; `chunks` packs
-    paragraphs up to `max_chars`. Only an unfinished part of under two documents is held in memory."""
-    if split_by == "chunks":
-        parts = join_paragraphs(_parts(texts, _BLANK_LINES, max_chars), max_chars)
-    else:
-        separator = {"paragraphs": _BLANK_LINES, "lines": _NEWLINE, "file": None}[split_by]
-        parts = _parts(texts, separator, max_chars)
-    for part in parts:
-        yield from split_long(part, max_chars)
-
-
-def _parts(texts: Iterator[str], separator: re.Pattern[str] | None, max_chars: int) -> Iterator[str]:
-    buffer = ""
-    for text in texts:
-        buffer += text
-        if separator is not None:
-            pieces = separator.split(buffer)
-            buffer = pieces.pop()  # it may go on in the next piece of text
-            yield from pieces
-        # a part with no separator in sight: the cuts `split_long` makes while more than `max_chars`
-        # remain are decided already, so emit those pieces (a 5 GB line streams as documents)
-        while len(buffer) > 2 * max_chars:
-            window = (max_chars // 2, max_chars)
-            cut = max(buffer.rfind(" ", *window), buffer.rfind("\n", *window))
-            end = cut if cut > 0 else max_chars
-            yield buffer[:end]
-            buffer = buffer[end:]
-    yield buffer
-
-
-def join_paragraphs(paragraphs: list[str], max_chars: int, separator: str = "\n\n") -> Iterator[str]:
-    """Consecutive paragraphs joined into chunks of up to `max_chars` (a longer paragraph stays whole)."""
-    chunk: list[str] = []
-    size = 0
-    for para in paragraphs:
-        para = para.strip()
-        if not para:
-            continue
-        if chunk and size + len(para) + len(separator) > max_chars:
-            yield separator.join(chunk)
-            chunk, size = [], 0
-        chunk.append(para)
-        size += len(para) + len(separator)
-    if chunk:
-        yield separator.join(chunk)
-
-
 def _missing_column(path: Path, column: str, columns: list[str], key: str) -> StageError:
     listed = ", ".join(map(str, columns)) or "(none)"
     return StageError(f"{path}: no text column '{column}' ({key}); its columns are: {listed}")
@@ -220,12 +161,13 @@ class FileReader:
         self.split_by = split_by
         self.max_chars = max_chars
 
-    def read(self, path: Path, fmt: str) -> Iterator[str]:
+    def read(self, path: Path, fmt: str) -> Iterator[tuple[str, str]]:
+        """The file's documents as (text, metadata JSON)."""
         if fmt == "parquet" and path.suffix != ".gz":
             if path.stat().st_size == 0:
                 self._empty(path)
                 return
-            yield from self._parquet(path, pq.ParquetFile(path))
+            yield from self._plain(self._parquet(path, pq.ParquetFile(path)))
             return
         with open_binary(path) as handle:
             first = handle.read(SNIFF)
@@ -233,7 +175,8 @@ class FileReader:
                 self._empty(path)
                 return
             if fmt == "parquet":  # a compressed parquet file: its footer is at the end, so read it whole
-                yield from self._parquet(path, pq.ParquetFile(pa.BufferReader(first + handle.read())))
+                whole = pq.ParquetFile(pa.BufferReader(first + handle.read()))
+                yield from self._plain(self._parquet(path, whole))
                 return
             if b"\x00" in first:
                 self.counts["binary_files_skipped"] += 1
@@ -241,19 +184,46 @@ class FileReader:
                 return
             stream = io.BufferedReader(_Prepended(first, handle), BLOCK)  # the sniffed bytes first
             if fmt == "jsonl":
-                docs = self._jsonl(path, stream)
+                yield from self._plain(self._jsonl(path, stream))
+                return
+            texts = self.decoder.decode(iter(lambda: stream.read(BLOCK), b""), path)
+            if fmt == "txt" and wikiextractor.is_extract(first):
+                self.counts["wikiextractor_files"] += 1
+                docs = self._articles(texts)
+            elif fmt == "txt" and gutenberg.is_book(first):
+                self.counts["gutenberg_files"] += 1
+                docs = self._book(texts)
+            elif fmt == "txt":
+                docs = ((doc, NO_META) for doc in split_text(texts, self.split_by, self.max_chars))
+            elif fmt == "json":
+                docs = ((doc, NO_META) for doc in self._json(path, "".join(texts)))
             else:
-                texts = self.decoder.decode(iter(lambda: stream.read(BLOCK), b""), path)
-                if fmt == "txt":
-                    docs = split_text(texts, self.split_by, self.max_chars)
-                elif fmt == "json":
-                    docs = self._json(path, "".join(texts))
-                else:
-                    docs = self._csv(path, texts)
-            for doc in docs:
+                docs = ((doc, NO_META) for doc in self._csv(path, texts))
+            for doc, meta in docs:
                 resolved = self.decoder.resolve(doc)
                 if resolved is not None:
-                    yield resolved
+                    yield resolved, meta
+
+    def _plain(self, docs: Iterator[str]) -> Iterator[tuple[str, str]]:
+        """Documents without metadata, under the encoding policy."""
+        for doc in docs:
+            resolved = self.decoder.resolve(doc)
+            if resolved is not None:
+                yield resolved, NO_META
+
+    def _articles(self, texts: Iterator[str]) -> Iterator[tuple[str, str]]:
+        """WikiExtractor's articles, each one document (cut only when longer than max_doc_chars)."""
+        for meta, lines in wikiextractor.articles(_lines(texts), self.counts):
+            for doc in split_text(lines, "file", self.max_chars):
+                yield doc, meta
+
+    def _book(self, texts: Iterator[str]) -> Iterator[tuple[str, str]]:
+        """A Project Gutenberg book split by `split_by` within its header, body and footer (no document
+        spans two); the header's and footer's documents marked for clean's gutenberg_boilerplate."""
+        for part, pieces in groupby(gutenberg.parts(texts), key=itemgetter(0)):
+            meta = NO_META if part == "body" else json.dumps({"gutenberg": part})
+            for doc in split_text((text for _, text in pieces), self.split_by, self.max_chars):
+                yield doc, meta
 
     def _empty(self, path: Path) -> None:
         self.counts["empty_files"] += 1

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-from lmpipe.data.readers import split_long
+from lmpipe.data.splitting import split_long
 from lmpipe.params.tokenizer import TokenizerParams
 from lmpipe.runtime import (
     Meter,

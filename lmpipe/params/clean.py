@@ -17,6 +17,10 @@ class NearDedupParams(Strict):
 class CleanParams(Strict):
     """Quality rules after Gopher (Rae et al. 2021) and C4 (Raffel et al. 2020)."""
 
+    gutenberg_boilerplate: bool = Field(
+        True, description="drop a Project Gutenberg book's header and licence footer (ingest marks them)"
+    )
+
     min_chars: int = Field(200, ge=0)
     max_chars: int = Field(1_000_000, ge=1)
     min_words: int = Field(30, ge=0)

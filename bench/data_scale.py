@@ -10,8 +10,9 @@ process tree (the stage and its workers, sampled every 0.1 s); then, per stage, 
 a and b of time ∝ size^a and RSS ∝ size^b (least squares on the logs). With --cluster, `clean` of the
 first size once more in one process and on a local Dask cluster of 2 workers (127.0.0.1): the
 speed-up and whether the outputs are the same bytes. With --folder, the stages on that folder as it is
-(`.txt` and `.txt.gz`, WikiExtractor files and Project Gutenberg books read as such), with what ingest
-and clean counted. One JSON line per measure. Not a test: nothing here asserts a time.
+(its source as the real-cpu profile gives it: `.txt` and `.txt.gz`, in chunks; WikiExtractor files and
+Project Gutenberg books read as such), with what ingest and clean counted. One JSON line per
+measure. Not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -137,19 +138,22 @@ def compare_cluster(project: Path) -> None:
     print(json.dumps(row), flush=True)
 
 
-def project_for(project: Path, folder: Path, include: list[str]) -> None:
+def project_for(project: Path, folder: Path, source: dict | None = None) -> None:
+    """A project reading `folder` (as `source` says, default: its `.txt` files)."""
     project.mkdir(parents=True, exist_ok=True)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["ingest"]["sources"] = {"text": {"path": str(folder), "include": include}}
+    params["ingest"]["sources"] = {"text": {**(source or {"include": ["*.txt"]}), "path": str(folder)}}
     params["tokenizer"]["vocab_size"] = 16000
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
 def measure_folder(folder: Path, work: Path) -> None:
-    """The data stages on a real folder as it comes: wall time, peak RSS, and what ingest and clean
-    counted (articles, books, the Gutenberg boilerplate dropped)."""
+    """The data stages on a real folder as it comes, read as the real-cpu profile reads its corpus:
+    wall time, peak RSS, and what ingest and clean counted (articles, books, the Gutenberg
+    boilerplate dropped)."""
     project = work / "project"
-    project_for(project, folder, ["**/*.txt", "**/*.txt.gz"])
+    profile = yaml.safe_load((ROOT / "flows/profiles/real-cpu.yaml").read_text())
+    project_for(project, folder, profile["ingest"]["sources"]["corpus"])
     cores = len(os.sched_getaffinity(0))
     for stage in STAGES:
         seconds, peak = run_stage(project, stage, *(["text"] if stage == "ingest" else []))
@@ -189,7 +193,7 @@ def main() -> None:
         else:
             size = generate(text, pool, megabytes)
         project = work / f"project-{megabytes}mb"
-        project_for(project, text, ["*.txt"])
+        project_for(project, text)
         for stage in STAGES:
             seconds, peak = run_stage(project, stage, *(["text"] if stage == "ingest" else []))
             row = {

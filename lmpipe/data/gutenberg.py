@@ -37,10 +37,11 @@ def parts(texts: Iterator[str]) -> Iterator[tuple[str, str]]:
     marker lines go with the header and the footer. Memory: the first HEADER_LINES lines and one
     piece of text."""
     texts = iter(texts)
-    head = ""
+    head, lines = "", 0
     for text in texts:
         head += text
-        if head.count("\n") >= HEADER_LINES:
+        lines += text.count("\n")
+        if lines >= HEADER_LINES:
             break
     window_end = _end_of_line(head, HEADER_LINES)
     starts = list(_START.finditer(head, 0, window_end))

@@ -21,6 +21,7 @@ from datasketch import LeanMinHash, MinHash
 
 from lmpipe.data.dedup import mix64
 from lmpipe.params.clean import CleanParams
+from lmpipe.schemas import NO_META
 
 # control and format characters (zero-width spaces, BOMs, bidi marks) except the newline
 _INVISIBLE = re.compile(
@@ -132,13 +133,14 @@ class Document:
     """A normalised document's figures, each computed when a rule first asks for it: a document an early
     rule drops is never split into words or n-grams."""
 
-    def __init__(self, text: str, lowered: Words | None = None, meta: str = "{}") -> None:
+    def __init__(self, text: str, lowered: Words | None = None, meta: str = NO_META) -> None:
         self.text, self._lowered, self._meta = text, lowered, meta
 
     @cached_property
     def meta(self) -> dict:
-        """What the reader knew of the document (lmpipe/schemas.py: DOCUMENTS' meta)."""
-        return json.loads(self._meta)
+        """What the reader knew of the document (lmpipe/schemas.py: DOCUMENTS' meta); most documents
+        have nothing, and clean asks of every one."""
+        return {} if self._meta == NO_META else json.loads(self._meta)
 
     @cached_property
     def n_chars(self) -> int:
@@ -291,7 +293,7 @@ RULES: tuple[Rule, ...] = (
 DOCUMENT_RULES = tuple(rule for rule in RULES if rule.breaks is not None)
 
 
-def failed_rule(text: str, cfg: CleanParams, lowered: Words | None = None, meta: str = "{}") -> str | None:
+def failed_rule(text: str, cfg: CleanParams, lowered: Words | None = None, meta: str = NO_META) -> str | None:
     """The first per-document rule `text` (already normalised; `lowered` its Words, if made; `meta` the
     reader's metadata) breaks, or None."""
     doc = Document(text, lowered, meta)

@@ -135,6 +135,11 @@ def _with_end(chunks: Iterator[bytes]) -> Iterator[bytes | None]:
     yield None
 
 
+def _unmarked(docs: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """Documents whose reader knows nothing more of them."""
+    return ((doc, NO_META) for doc in docs)
+
+
 def _missing_column(path: Path, column: str, columns: list[str], key: str) -> StageError:
     listed = ", ".join(map(str, columns)) or "(none)"
     return StageError(f"{path}: no text column '{column}' ({key}); its columns are: {listed}")
@@ -162,12 +167,18 @@ class FileReader:
         self.max_chars = max_chars
 
     def read(self, path: Path, fmt: str) -> Iterator[tuple[str, str]]:
-        """The file's documents as (text, metadata JSON)."""
+        """The file's documents as (text, metadata JSON), under the encoding policy."""
+        for doc, meta in self._documents_of(path, fmt):
+            resolved = self.decoder.resolve(doc)
+            if resolved is not None:
+                yield resolved, meta
+
+    def _documents_of(self, path: Path, fmt: str) -> Iterator[tuple[str, str]]:
         if fmt == "parquet" and path.suffix != ".gz":
             if path.stat().st_size == 0:
                 self._empty(path)
                 return
-            yield from self._plain(self._parquet(path, pq.ParquetFile(path)))
+            yield from _unmarked(self._parquet(path, pq.ParquetFile(path)))
             return
         with open_binary(path) as handle:
             first = handle.read(SNIFF)
@@ -176,7 +187,7 @@ class FileReader:
                 return
             if fmt == "parquet":  # a compressed parquet file: its footer is at the end, so read it whole
                 whole = pq.ParquetFile(pa.BufferReader(first + handle.read()))
-                yield from self._plain(self._parquet(path, whole))
+                yield from _unmarked(self._parquet(path, whole))
                 return
             if b"\x00" in first:
                 self.counts["binary_files_skipped"] += 1
@@ -184,32 +195,21 @@ class FileReader:
                 return
             stream = io.BufferedReader(_Prepended(first, handle), BLOCK)  # the sniffed bytes first
             if fmt == "jsonl":
-                yield from self._plain(self._jsonl(path, stream))
+                yield from _unmarked(self._jsonl(path, stream))
                 return
             texts = self.decoder.decode(iter(lambda: stream.read(BLOCK), b""), path)
             if fmt == "txt" and wikiextractor.is_extract(first):
                 self.counts["wikiextractor_files"] += 1
-                docs = self._articles(texts)
+                yield from self._articles(texts)
             elif fmt == "txt" and gutenberg.is_book(first):
                 self.counts["gutenberg_files"] += 1
-                docs = self._book(texts)
+                yield from self._book(texts)
             elif fmt == "txt":
-                docs = ((doc, NO_META) for doc in split_text(texts, self.split_by, self.max_chars))
+                yield from _unmarked(split_text(texts, self.split_by, self.max_chars))
             elif fmt == "json":
-                docs = ((doc, NO_META) for doc in self._json(path, "".join(texts)))
+                yield from _unmarked(self._json(path, "".join(texts)))
             else:
-                docs = ((doc, NO_META) for doc in self._csv(path, texts))
-            for doc, meta in docs:
-                resolved = self.decoder.resolve(doc)
-                if resolved is not None:
-                    yield resolved, meta
-
-    def _plain(self, docs: Iterator[str]) -> Iterator[tuple[str, str]]:
-        """Documents without metadata, under the encoding policy."""
-        for doc in docs:
-            resolved = self.decoder.resolve(doc)
-            if resolved is not None:
-                yield resolved, NO_META
+                yield from _unmarked(self._csv(path, texts))
 
     def _articles(self, texts: Iterator[str]) -> Iterator[tuple[str, str]]:
         """WikiExtractor's articles, each one document (cut only when longer than max_doc_chars)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -80,21 +82,43 @@ def real_pipeline(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) ->
     return prepared(tmp_path_factory.mktemp("real_pipeline"), corpus_dir)
 
 
-@pytest.fixture(scope="session")
-def reproduced_template(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
-    """The CI-sized project, reproduced once per session (by the first pytest-xdist worker that needs
-    it, the others wait for it): never changed; tests take a `copy_project`."""
+def _once_per_session(
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str, build: Callable[[Path], Path]
+) -> Path:
+    """`build(folder)`'s result, built by the first pytest-xdist worker that needs it (the others wait
+    for it) in a folder all workers share."""
     from filelock import FileLock
-
-    from tests.project import reproduce_template
 
     shared = tmp_path_factory.getbasetemp()
     if worker_id != "master":
         shared = shared.parent  # the directory of the workers' base temps
-    project, done = shared / "reproduced" / "project", shared / "reproduced.done"
-    with FileLock(shared / "reproduced.lock"):
+    folder, done = shared / name, shared / f"{name}.done"
+    with FileLock(shared / f"{name}.lock"):
         if not done.exists():
-            shutil.rmtree(project.parent, ignore_errors=True)
-            reproduce_template(project)
-            done.touch()
-    return project
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            done.write_text(str(build(folder)))
+    return Path(done.read_text())
+
+
+@pytest.fixture(scope="session")
+def reproduced_template(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The CI-sized project, reproduced once per session: never changed; tests take a `copy_project`."""
+    from tests.project import reproduce_template
+
+    return _once_per_session(
+        tmp_path_factory, worker_id, "reproduced", lambda f: reproduce_template(f / "project")
+    )
+
+
+@pytest.fixture(scope="session")
+def swept_template(
+    reproduced_template: Path, tmp_path_factory: pytest.TempPathFactory, worker_id: str
+) -> Path:
+    """The reproduced project after the local sweep of TWO_KEY_SWEEP (`grid`), once per session: read
+    only."""
+    from tests.project import sweep_template
+
+    return _once_per_session(
+        tmp_path_factory, worker_id, "swept", partial(sweep_template, reproduced_template)
+    )

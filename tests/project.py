@@ -71,6 +71,34 @@ def reproduce_template(path: Path) -> Path:
     return project
 
 
+# two points over two pretraining keys: the scratch baselines stay cached, every point pretrains,
+# exports, fine-tunes and evaluates; the same points run locally and on a pool of workers compare equal
+TWO_KEY_SWEEP = [
+    {"objectives.mlm.mask_rate": 0.1, "pretrain.lr": 0.001},
+    {"objectives.mlm.mask_rate": 0.3, "pretrain.lr": 0.002},
+]
+
+
+def sweep_template(template: Path, path: Path) -> Path:
+    """A copy of the reproduced project with TWO_KEY_SWEEP run as the sweep `grid` by the command line
+    (DVC experiments, the project's own MLflow store, Prefect in ephemeral mode under `path`): built
+    once per session, read by the tests of a local sweep and compared with by the pooled one."""
+    project = copy_project(template, path / "project")
+    sh(project, "git", "add", "-A")
+    sh(project, "git", "commit", "-qm", "baseline reproduced")
+    command = [sys.executable, "-m", "flows.ablation", "--grid", json.dumps(TWO_KEY_SWEEP), "--name", "grid"]
+    sh(
+        project,
+        *command,
+        "--max-parallel",
+        "2",
+        MLFLOW_TRACKING_URI=None,
+        PREFECT_API_URL=None,
+        PREFECT_HOME=str(path / "prefect"),
+    )
+    return project
+
+
 def copy_project(template: Path, path: Path) -> Path:
     """A copy of a project, its git history, DVC cache, outputs and MLflow store, to change freely."""
     shutil.copytree(template, path, symlinks=True)
@@ -125,5 +153,3 @@ def dvc(cwd: Path, *args: str) -> str:
 def dvc_stages(project: Path) -> set[str]:
     """Every stage of the project's graph, `foreach` expanded, as `dvc stage list` names them."""
     return set(sh(project, "dvc", "stage", "list", "--name-only").stdout.split())
-
-

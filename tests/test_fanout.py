@@ -1,8 +1,9 @@
 """Fan-out across machines, simulated on one: a bare git repository as the git remote, a folder as the
 DVC remote, one MLflow server and one Prefect server on free 127.0.0.1 ports, and two process workers,
 each in its own clone of the project with its own DVC cache, so nothing is shared but the remotes. A
-2-point sweep with --pool runs one point on each worker and compares exactly as its point run
-locally; a worker killed in the middle of a point has the point run again on the other one."""
+sweep with --pool runs one point on each worker, runs a point again on the other worker when its
+worker is killed mid-point, reports a point that fails, and compares exactly as its points run
+locally."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from dvc.utils.hydra import apply_overrides
 
 from flows.common import PipelineError
 from flows.dispatch import Refused, checked_in, checkout, params_diff
-from tests.project import copy_project, sh
+from tests.project import TWO_KEY_SWEEP, copy_project, sh
 from tests.services import (
     BIN,
     free_port,
@@ -148,79 +149,26 @@ def flow_runs(env: dict[str, str], name_like: str) -> list[dict]:
         return json.load(response)
 
 
-def sweep(site: Site, cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "flows.ablation", *args],
-        cwd=site.project,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 def logs(cluster: Cluster) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(cluster.logs.glob("*.log")))
 
 
 @pytest.mark.slow
-def test_a_pooled_sweep_runs_a_point_on_each_worker_and_compares_as_locally(
-    site: Site, cluster: Cluster
+def test_a_pooled_sweep_survives_a_killed_worker_reports_a_failed_point_and_compares_as_locally(
+    site: Site, cluster: Cluster, swept_template: Path
 ) -> None:
-    grid = json.dumps({"objectives.mlm.mask_rate": [0.1, 0.3]})
-    pooled = sweep(site, cluster, "--grid", grid, "--name", "pooled", "--pool", "cpu", "--max-parallel", "2")
-    assert pooled.returncode == 0, f"{pooled.stdout}\n{pooled.stderr}\n{logs(cluster)}"
-
-    runs = {run["name"]: run for run in flow_runs(cluster.env, "pooled-")}
-    assert set(runs) == {"pooled-1-try1", "pooled-2-try1"}
-    assert {run["state_type"] for run in runs.values()} == {"COMPLETED"}
-    assert {run["labels"]["prefect.worker.name"] for run in runs.values()} == set(WORKERS)
-
-    # the first point (the baseline of both sweeps) here: the same numbers, verdicts and losses
-    first = json.dumps({"objectives.mlm.mask_rate": [0.1]})
-    local = sweep(site, cluster, "--grid", first, "--name", "local")
-    assert local.returncode == 0, f"{local.stdout}\n{local.stderr}"
-    reports = site.project / "reports/ablation"
-    labels = ["experiment", "point"]  # a one-point grid calls its point "baseline"
-    pooled_table = pd.read_csv(reports / "pooled/comparison.csv").drop(columns=labels)
-    local_table = pd.read_csv(reports / "local/comparison.csv").drop(columns=labels)
-    assert set(local_table.columns) < set(pooled_table.columns)  # and the Δ against the baseline
-    pd.testing.assert_frame_equal(pooled_table.head(1)[local_table.columns], local_table)
-
-    summary = (reports / "pooled/comparison.md").read_text()
-    assert "Points ran on work pool `cpu`" in summary
-    for name, run in runs.items():
-        experiment = name.removesuffix("-try1")
-        assert f"| {experiment} | completed on {run['labels']['prefect.worker.name']} |" in summary
-
-    # the experiments went through the git remote; the parent run link holds across machines
-    remote_refs = sh(site.project, "git", "ls-remote", "origin").stdout
-    assert "pooled-1" in remote_refs and "pooled-2" in remote_refs
-    client = mlflow.MlflowClient(cluster.env["MLFLOW_TRACKING_URI"])
-    experiment_id = client.get_experiment_by_name("lmpipe").experiment_id
-    [parent] = client.search_runs([experiment_id], "tags.sweep = 'pooled' and tags.stage = 'ablation'")
-    points = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    assert {p.data.tags["worker"] for p in points} == set(WORKERS)
-    for point in points:
-        float(point.data.tags["dispatch_s"])
-        stages = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{point.info.run_id}'")
-        assert {run.data.tags["stage"] for run in stages} == {"pretrain", "export", "finetune", "evaluate"}
-    print(summary)  # the dispatch figures the README quotes (pytest -s)
-
-
-@pytest.mark.slow
-def test_a_crashed_point_runs_again_elsewhere_and_a_failed_one_is_reported(
-    site: Site, cluster: Cluster
-) -> None:
-    """crash-1's worker is killed mid-point: it runs again on the other worker. crash-2 fails for good
-    (its loss diverges): not retried, reported with its error line; crash-1 still makes the comparison."""
-    grid = json.dumps({"objectives.mlm.mask_rate": [0.2], "pretrain.lr": [0.001, 1.0e6]})
-    command = [sys.executable, "-m", "flows.ablation", "--grid", grid, "--name", "crash", "--pool", "cpu"]
-    parent = start(command, cluster.logs / "sweep.log", cluster.env, cwd=site.project)
+    """pooled-1 and pooled-2 start one on each worker; pooled-2's worker is killed mid-point and the
+    point runs again on the other one. pooled-3 fails for good (its loss diverges): not retried, reported
+    with its error line. The completed points compare exactly as the same points run locally."""
+    grid = json.dumps([*TWO_KEY_SWEEP, {"objectives.mlm.mask_rate": 0.3, "pretrain.lr": 1.0e6}])
+    command = [sys.executable, "-m", "flows.ablation", "--grid", grid, "--name", "pooled", "--pool", "cpu"]
+    parent = start(
+        [*command, "--max-parallel", "2"], cluster.logs / "sweep.log", cluster.env, cwd=site.project
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
-            running = [r for r in flow_runs(cluster.env, "crash-1-try1") if r["state_type"] == "RUNNING"]
+            running = [r for r in flow_runs(cluster.env, "pooled-2-try1") if r["state_type"] == "RUNNING"]
             if running:
                 break
             assert parent.poll() is None and time.monotonic() < deadline, logs(cluster)
@@ -228,23 +176,58 @@ def test_a_crashed_point_runs_again_elsewhere_and_a_failed_one_is_reported(
         time.sleep(5)  # into the point's work
         victim = running[0]["labels"]["prefect.worker.name"]
         kill_machine(cluster.workers[victim])
-        assert parent.wait(timeout=600) == 1, logs(cluster)  # a point failed
+        assert parent.wait(timeout=800) == 1, logs(cluster)  # a point failed
     finally:
         stop(parent)
     [survivor] = set(WORKERS) - {victim}
-    runs = {run["name"]: run for run in flow_runs(cluster.env, "crash-")}
-    assert runs["crash-1-try1"]["state_type"] == "CRASHED"
-    assert runs["crash-1-try2"]["state_type"] == "COMPLETED"
-    assert runs["crash-1-try2"]["labels"]["prefect.worker.name"] == survivor
-    assert runs["crash-2-try1"]["state_type"] == "FAILED" and "crash-2-try2" not in runs
+    runs = {run["name"]: run for run in flow_runs(cluster.env, "pooled-")}
+    assert set(runs) == {"pooled-1-try1", "pooled-2-try1", "pooled-2-try2", "pooled-3-try1"}
+    worker = {name: run["labels"]["prefect.worker.name"] for name, run in runs.items()}
+    assert {worker["pooled-1-try1"], worker["pooled-2-try1"]} == set(WORKERS)  # one point on each
+    assert runs["pooled-1-try1"]["state_type"] == "COMPLETED"
+    assert runs["pooled-2-try1"]["state_type"] == "CRASHED"
+    assert runs["pooled-2-try2"]["state_type"] == "COMPLETED" and worker["pooled-2-try2"] == survivor
+    assert runs["pooled-3-try1"]["state_type"] == "FAILED"
     sweep_log = (cluster.logs / "sweep.log").read_text()
     nan = "error: pretrain@encoder_mlm: the loss became nan at step 2"
-    assert "1 point(s) failed: crash-2: failed on w" in sweep_log and nan in sweep_log
-    table = pd.read_csv(site.project / "reports/ablation/crash/comparison.csv")
-    assert list(table["experiment"]) == ["crash-1"]
-    summary = (site.project / "reports/ablation/crash/comparison.md").read_text()
-    assert f"| crash-1 | crashed on {victim}: " in summary and f"; then completed on {survivor} |" in summary
-    assert "| crash-2 | failed on w" in summary and nan in summary
+    assert "1 point(s) failed: pooled-3: failed on w" in sweep_log and nan in sweep_log
+
+    summary = (site.project / "reports/ablation/pooled/comparison.md").read_text()
+    assert "Points ran on work pool `cpu`" in summary
+    assert f"| pooled-1 | completed on {worker['pooled-1-try1']} |" in summary
+    assert f"| pooled-2 | crashed on {victim}: " in summary and f"; then completed on {survivor} |" in summary
+    assert "| pooled-3 | failed on w" in summary and nan in summary
+
+    # the same points run locally (test_flows.py reads that sweep): the same numbers, verdicts and losses
+    pooled_table = pd.read_csv(site.project / "reports/ablation/pooled/comparison.csv")
+    local_table = pd.read_csv(swept_template / "reports/ablation/grid/comparison.csv")
+    assert list(pooled_table["experiment"]) == ["pooled-1", "pooled-2"]
+    pd.testing.assert_frame_equal(
+        pooled_table.drop(columns="experiment"), local_table.drop(columns="experiment")
+    )
+
+    # the experiments went through the git remote; the parent run link holds across machines
+    remote_refs = sh(site.project, "git", "ls-remote", "origin").stdout
+    assert "pooled-1" in remote_refs and "pooled-2" in remote_refs
+    client = mlflow.MlflowClient(cluster.env["MLFLOW_TRACKING_URI"])
+    experiment_id = client.get_experiment_by_name("lmpipe").experiment_id
+    [parent_run] = client.search_runs([experiment_id], "tags.sweep = 'pooled' and tags.stage = 'ablation'")
+    points = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run.info.run_id}'")
+    last_try = {"pooled-1": "pooled-1-try1", "pooled-2": "pooled-2-try2", "pooled-3": "pooled-3-try1"}
+    assert {p.data.tags["dvc_experiment"]: p.data.tags["worker"] for p in points} == {
+        point: worker[attempt] for point, attempt in last_try.items()
+    }
+    for point in points:
+        float(point.data.tags["dispatch_s"])
+        if point.data.tags["dvc_experiment"] in set(pooled_table["experiment"]):
+            stages = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{point.info.run_id}'")
+            assert {run.data.tags["stage"] for run in stages} == {
+                "pretrain",
+                "export",
+                "finetune",
+                "evaluate",
+            }
+    print(summary)  # the dispatch figures the README quotes (pytest -s)
 
 
 def test_workers_run_only_the_pushed_commit(

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
@@ -19,7 +20,7 @@ import pandas as pd
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.ablation import PRESETS, ablation, baseline_index, equal_flops_budget, expand
+from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand
 from flows.common import PipelineError
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
@@ -40,8 +41,9 @@ def project(reproduced_template: Path, tmp_path: Path) -> Path:
     return copy_project(reproduced_template, tmp_path / "project")
 
 
-def runs(filter_string: str) -> list[mlflow.entities.Run]:
-    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+def runs(filter_string: str, store: str | None = None) -> list[mlflow.entities.Run]:
+    """The runs of the suite's MLflow store (or of `store`) that match `filter_string`."""
+    client = mlflow.MlflowClient(store or os.environ["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("lmpipe")
     return client.search_runs([experiment.experiment_id], filter_string, max_results=1000)
 
@@ -237,8 +239,10 @@ def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp
         worker_log = tmp_path / "worker.log"
         worker = start([str(BIN / "prefect"), "worker", "start", "--pool", "cpu"], worker_log, env, cwd=ROOT)
         deadline = time.monotonic() + 300
-        while True:
-            state = json.loads(prefect(env, "flow-run", "inspect", flow_run_id, "--output", "json"))["state"]
+        while True:  # the server's REST API: a `prefect flow-run inspect` costs seconds of imports a call
+            url = f"{env['PREFECT_API_URL']}/flow_runs/{flow_run_id}"
+            with urllib.request.urlopen(url, timeout=30) as response:
+                state = json.load(response)["state"]
             if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
                 break
             assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
@@ -282,17 +286,10 @@ def test_architecture_preset_trains_every_point_on_the_baselines_flops() -> None
         equal_flops_budget(short, 0)
 
 
-def test_a_sweep_of_two_keys(harness: None, project: Path) -> None:
-    sh(project, "git", "add", "-A")
-    sh(project, "git", "commit", "-qm", "baseline reproduced")
-    # pretraining keys only: the scratch baselines stay cached, every point pretrains and fine-tunes
-    # two points as a list (a grid's product is test_expand's): two pretrains, fine-tunes, evaluations
-    grid = [
-        {"objectives.mlm.mask_rate": 0.1, "pretrain.lr": 0.001},
-        {"objectives.mlm.mask_rate": 0.3, "pretrain.lr": 0.002},
-    ]
-    result = ablation(grid=grid, repo=str(project), max_parallel=2, name="grid")
-
+def test_a_sweep_of_two_keys(swept_template: Path) -> None:
+    """TWO_KEY_SWEEP, two points as a list (a grid's product is test_expand's), run by the command line:
+    two pretrains, exports, fine-tunes and evaluations; the scratch baselines stay cached."""
+    project = swept_template
     table = pd.read_csv(project / "reports/ablation/grid/comparison.csv")
     assert len(table) == 2 and list(table["experiment"]) == ["grid-1", "grid-2"]
     assert list(table["objectives.mlm.mask_rate"]) == [0.1, 0.3]
@@ -321,10 +318,11 @@ def test_a_sweep_of_two_keys(harness: None, project: Path) -> None:
         assert exp["encoder_mlm.pretrained.average"] == pytest.approx(row["glue_average"], abs=1e-4)
 
     # MLflow: one parent, one child per point tagged with its values, the point's stage runs under it
-    parent = result["parent_run_id"]
-    points = runs(f"tags.`mlflow.parentRunId` = '{parent}'")
+    store = f"sqlite:///{project / 'mlflow.db'}"
+    [parent] = [run.info.run_id for run in runs("tags.sweep = 'grid' and tags.stage = 'ablation'", store)]
+    points = runs(f"tags.`mlflow.parentRunId` = '{parent}'", store)
     assert len(points) == 2 and {p.data.tags["dvc_experiment"] for p in points} == set(table["experiment"])
-    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    client = mlflow.MlflowClient(store)
     assert {a.path for a in client.list_artifacts(parent)} >= {"comparison.csv", "comparison.md", "glue.png"}
     for point in points:
         row = table[table["experiment"] == point.data.tags["dvc_experiment"]].iloc[0]
@@ -332,7 +330,7 @@ def test_a_sweep_of_two_keys(harness: None, project: Path) -> None:
         assert float(point.data.tags["param.pretrain.lr"]) == row["pretrain.lr"]
         assert point.data.metrics["glue.encoder_mlm.pretrained.average"] == pytest.approx(row["glue_average"])
         assert point.data.metrics["glue.encoder_mlm.pretrained.stsb"] == pytest.approx(row["stsb"])
-        stages = runs(f"tags.`mlflow.parentRunId` = '{point.info.run_id}'")
+        stages = runs(f"tags.`mlflow.parentRunId` = '{point.info.run_id}'", store)
         by_stage = {run.data.tags["stage"]: run for run in stages}
         # a pretraining ablation re-runs pretrain, export, finetune and evaluate, never the scratch baseline
         assert set(by_stage) == {"pretrain", "export", "finetune", "evaluate"}

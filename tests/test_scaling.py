@@ -10,12 +10,14 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
+import yaml
 
 from flows.ablation import main as ablation_main
 from flows.common import PipelineError
 from flows.scaling import budget_override, fit_law, fit_power, ladder_points, law, non_embedding_parameters
 from flows.scaling import main as scaling_main
-from tests.project import make_project, sh
+from tests.project import copy_project, sh
+from tests.workdir import DEFAULT_PARAMS
 
 
 def test_fit_recovers_a_known_law_with_its_uncertainty() -> None:
@@ -71,21 +73,20 @@ def test_bad_scaling_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
-def test_ci_sized_ladder_fits_the_law(tmp_path: Path) -> None:
+def test_ci_sized_ladder_fits_the_law(reproduced_template: Path, tmp_path: Path) -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.scaling import scaling
 
-    def one_decoder(params: dict) -> None:
-        params["sample"]["documents"] = 300
-        params["clean"]["workers"] = 1
-        params["models"] = {"decoder_clm": params["models"]["decoder_clm"]}
-        params["pretrain"].update(val_every=1000, checkpoint_every=1000)
-
-    project = make_project(tmp_path / "project", one_decoder)
-    sh(project, "dvc", "repro", "pack")
+    # the reproduced project's data, its one model the default decoder: the ladder pretrains only
+    project = copy_project(reproduced_template, tmp_path / "project")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["models"] = {"decoder_clm": DEFAULT_PARAMS["models"]["decoder_clm"]}
+    params["pretrain"].update(val_every=1000, checkpoint_every=1000)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert "up to date" in sh(project, "dvc", "status", "--with-deps", "pack").stdout  # the data stays
     sh(project, "git", "add", "-A")
-    sh(project, "git", "commit", "-qm", "data")
+    sh(project, "git", "commit", "-qm", "one decoder")
     sizes = [(32, 1, 2), (48, 1, 2), (64, 2, 2), (96, 2, 2)]
     with prefect_test_harness(server_startup_timeout=60):
         result = scaling(repo=str(project), name="ladder", tokens_per_parameter=1.0, sizes=sizes)

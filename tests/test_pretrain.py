@@ -26,7 +26,7 @@ from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
 from lmpipe.pretraining import train_config
 from models.transformer import load_pretrained
 from tests.pipeline_helpers import run_stages
-from tests.project import command_env, make_project, sh
+from tests.project import command_env, copy_project, sh
 from tests.workdir import DEFAULT_PARAMS, ROOT, Workdir
 
 MODELS = {
@@ -66,14 +66,15 @@ def test_each_objective_learns_real_text(real_pipeline: Workdir, name: str) -> N
     assert result["val_loss"] < baseline - 0.3, (result, baseline)
 
 
-def dvc_repo(tmp: Path, pretrain: dict) -> Path:
-    """The project with the sample profile, one tiny CLM model and `pretrain` settings."""
-
-    def one_decoder(params: dict) -> None:
-        params["models"] = {"decoder_clm": MODELS["decoder_clm"]}
-        params["pretrain"].update(pretrain)
-
-    return make_project(tmp, one_decoder)
+def decoder_project(template: Path, path: Path, pretrain: dict) -> Path:
+    """A copy of the reproduced CI-sized project (its data up to date), with one tiny CLM model and
+    `pretrain` settings."""
+    project = copy_project(template, path)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["models"] = {"decoder_clm": MODELS["decoder_clm"]}
+    params["pretrain"].update(pretrain)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return project
 
 
 def logged_losses(tmp: Path) -> list[tuple[int, float]]:
@@ -86,12 +87,11 @@ def logged_losses(tmp: Path) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
-def test_sigkilled_run_resumes_to_identical_weights(tmp_path: Path) -> None:
+def test_sigkilled_run_resumes_to_identical_weights(reproduced_template: Path, tmp_path: Path) -> None:
     """Killed after step 15 and resumed there, with its batches built by two DataLoader workers: the
     same weights and losses as a run straight through that built them in the training process."""
     settings = {"max_steps": 40, "checkpoint_every": 15, "val_every": 20, "log_every": 1, "warmup_steps": 5}
-    straight = dvc_repo(tmp_path / "straight", settings | {"num_workers": 0})
-    sh(straight, "dvc", "repro", "pack", MLFLOW_TRACKING_URI=None)  # the project's store: <repo>/mlflow.db
+    straight = decoder_project(reproduced_template, tmp_path / "straight", settings | {"num_workers": 0})
     killed = Path(shutil.copytree(straight, tmp_path / "killed", symlinks=True))  # the same data, once
     params = yaml.safe_load((killed / "params.yaml").read_text())
     params["pretrain"]["num_workers"] = 2  # an odd step to resume at: worker 0 then builds what worker 1 did

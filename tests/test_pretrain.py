@@ -43,8 +43,10 @@ def unigram_entropy(tokens: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-# MLM supervises 15 % of the tokens, so it gets more of them to beat the same baseline
-BUDGET = {"encoder_mlm": (320, 32), "decoder_clm": (100, 16), "encdec_span": (80, 16)}
+# MLM supervises 15 % of the tokens, so it gets more of them to beat the same baseline. Measured on the
+# 8 MB corpus (2-core AMD EPYC without AVX-512), the loss under the bar by: encoder 0.12 nats (0.16 at
+# 320 steps, 0.08 at 160), decoder 0.11 (50 steps miss it by 0.15), encoder-decoder 0.78 (0.97 at 80)
+BUDGET = {"encoder_mlm": (240, 32), "decoder_clm": (100, 16), "encdec_span": (40, 16)}
 
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out

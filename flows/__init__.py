@@ -4,3 +4,6 @@ import os
 
 # Everything stays on 127.0.0.1: Prefect's server would otherwise try to send usage telemetry.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Without PREFECT_API_URL a flow starts a temporary server, which first migrates a new SQLite
+# database: on 2 busy cores that took longer than Prefect's 20 s default (a test run, 2026-11-26)
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

@@ -21,6 +21,10 @@ EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experimen
 PARAMS_OVERRIDES_ENV = "LMPIPE_PARAMS_OVERRIDES"
 
 
+EPHEMERAL_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
+EPHEMERAL_TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # flows/__init__.py sets 120
+
+
 class PipelineError(Exception):
     """Bad flow input (unknown stage or params key): one line, no traceback."""
 
@@ -39,6 +43,16 @@ def cli(body: Callable[[], str]) -> int:
         return 2
     except FlowFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:  # Prefect's own error for a temporary server that never answered
+        if not str(exc).startswith(EPHEMERAL_TIMEOUT):
+            raise
+        seconds = os.environ.get(EPHEMERAL_TIMEOUT_ENV)
+        print(
+            f"error: Prefect's temporary server did not answer within {seconds} s ({EPHEMERAL_TIMEOUT_ENV}): "
+            "allow it longer, or run `prefect server start` and set PREFECT_API_URL",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

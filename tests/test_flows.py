@@ -24,7 +24,7 @@ from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand
 from flows.common import PipelineError
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
-from tests.project import copy_project, dvc_stages, sh
+from tests.project import copy_project, dvc_stages, make_project, sh
 from tests.services import BIN, free_port, prefect, prefect_env, prefect_server, start, stop
 from tests.workdir import DEFAULT_PARAMS, ROOT
 
@@ -216,6 +216,22 @@ def test_bad_flow_input_is_one_line(project: Path) -> None:
     )
     assert bad_model.returncode == 2
     assert bad_model.stderr.strip().startswith("error: grid key 'models': ") and "'gpt9'" in bad_model.stderr
+
+
+def test_a_temporary_server_that_does_not_start_is_one_line(tmp_path: Path) -> None:
+    """No PREFECT_API_URL: the flow starts Prefect's temporary server; one that does not answer in time
+    (no time at all here) is one line and exit 1, before any stage runs."""
+    project = make_project(tmp_path / "project")
+    waited = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0", "PREFECT_HOME": str(tmp_path / "home")}
+    result = sh(project, sys.executable, "-m", "flows.pipeline", check=False, PREFECT_API_URL=None, **waited)
+    assert result.returncode == 1, result.stderr
+    # besides Prefect's own log lines (the server starting and stopping)
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        "error: Prefect's temporary server did not answer within 0 s "
+        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): allow it longer, or run `prefect server start` "
+        "and set PREFECT_API_URL"
+    ]
+    assert "Traceback" not in result.stderr and not (project / "dvc.lock").exists()
 
 
 def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp_path: Path) -> None:

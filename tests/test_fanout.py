@@ -112,8 +112,7 @@ def servers(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cl
             prefect(env, "--no-prompt", "deploy", "--name", deployment, cwd=ROOT)
         yield Cluster(env, workers, logs)
     finally:
-        for process in [*workers.values(), *reversed(processes)]:
-            stop(process)
+        stop(*workers.values(), *reversed(processes))
     assert all(process.poll() is not None for process in [*workers.values(), *processes])
 
 
@@ -155,7 +154,7 @@ def logs(cluster: Cluster) -> str:
 
 @pytest.mark.slow
 def test_a_pooled_sweep_survives_a_killed_worker_reports_a_failed_point_and_compares_as_locally(
-    site: Site, cluster: Cluster, swept_template: Path
+    site: Site, cluster: Cluster, request: pytest.FixtureRequest
 ) -> None:
     """pooled-1 and pooled-2 start one on each worker; pooled-2's worker is killed mid-point and the
     point runs again on the other one. pooled-3 fails for good (its loss diverges): not retried, reported
@@ -200,6 +199,8 @@ def test_a_pooled_sweep_survives_a_killed_worker_reports_a_failed_point_and_comp
 
     # the same points run locally (test_flows.py reads that sweep): the same numbers, verdicts and losses
     pooled_table = pd.read_csv(site.project / "reports/ablation/pooled/comparison.csv")
+    # asked for only now: another pytest-xdist worker has usually built it meanwhile (this one would wait)
+    swept_template = request.getfixturevalue("swept_template")
     local_table = pd.read_csv(swept_template / "reports/ablation/grid/comparison.csv")
     assert list(pooled_table["experiment"]) == ["pooled-1", "pooled-2"]
     pd.testing.assert_frame_equal(

@@ -267,9 +267,7 @@ def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp
         # the summary, from the worker
         assert f"{len(dvc_stages(project))} up to date" in worker_log.read_text()
     finally:
-        if worker is not None:
-            stop(worker)
-        stop(server)
+        stop(*[process for process in (worker, server) if process is not None])
     assert worker.poll() is not None and server.poll() is not None
 
 

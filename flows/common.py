@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flows import EPHEMERAL_TIMEOUT_ENV
 from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.runtime import StageError
 
@@ -21,8 +22,8 @@ EXPERIMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a DVC experimen
 PARAMS_OVERRIDES_ENV = "LMPIPE_PARAMS_OVERRIDES"
 
 
+# Prefect's message when its temporary server never answered (flows/__init__.py sets how long it waits)
 EPHEMERAL_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
-EPHEMERAL_TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # flows/__init__.py sets 120
 
 
 class PipelineError(Exception):

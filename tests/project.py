@@ -33,13 +33,18 @@ def make_project(
         shutil.copy(ROOT / name, path / name)
     for package in packages:
         shutil.copytree(ROOT / package, path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    edit_params(path, edit)
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "project"]):
+        subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
+    return path
+
+
+def edit_params(path: Path, edit: Callable[[dict[str, Any]], None] | None) -> None:
+    """`edit` changes the params.yaml of the project at `path` in place (nothing when None)."""
     if edit is not None:
         params = yaml.safe_load((path / "params.yaml").read_text())
         edit(params)
         (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "project"]):
-        subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
-    return path
 
 
 def tiny(params: dict[str, Any]) -> None:
@@ -99,9 +104,11 @@ def sweep_template(template: Path, path: Path) -> Path:
     return project
 
 
-def copy_project(template: Path, path: Path) -> Path:
-    """A copy of a project, its git history, DVC cache, outputs and MLflow store, to change freely."""
+def copy_project(template: Path, path: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """A copy of a project, its git history, DVC cache, outputs and MLflow store, to change freely;
+    `edit` changes its params.yaml in place (uncommitted)."""
     shutil.copytree(template, path, symlinks=True)
+    edit_params(path, edit)
     return path
 
 

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
+from flows import EPHEMERAL_TIMEOUT_ENV
 from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand
 from flows.common import PipelineError
 from flows.pipeline import StageFailed, pipeline, read_graph, select
@@ -222,7 +223,7 @@ def test_a_temporary_server_that_does_not_start_is_one_line(tmp_path: Path) -> N
     """No PREFECT_API_URL: the flow starts Prefect's temporary server; one that does not answer in time
     (no time at all here) is one line and exit 1, before any stage runs."""
     project = make_project(tmp_path / "project")
-    waited = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0", "PREFECT_HOME": str(tmp_path / "home")}
+    waited = {EPHEMERAL_TIMEOUT_ENV: "0", "PREFECT_HOME": str(tmp_path / "home")}
     result = sh(project, sys.executable, "-m", "flows.pipeline", check=False, PREFECT_API_URL=None, **waited)
     assert result.returncode == 1, result.stderr
     # besides Prefect's own log lines (the server starting and stopping)

@@ -8,7 +8,6 @@ import itertools
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
@@ -71,12 +69,12 @@ def test_each_objective_learns_real_text(real_pipeline: Workdir, name: str) -> N
 def decoder_project(template: Path, path: Path, pretrain: dict) -> Path:
     """A copy of the reproduced CI-sized project (its data up to date), with one tiny CLM model and
     `pretrain` settings."""
-    project = copy_project(template, path)
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    params["models"] = {"decoder_clm": MODELS["decoder_clm"]}
-    params["pretrain"].update(pretrain)
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    return project
+
+    def one_decoder(params: dict) -> None:
+        params["models"] = {"decoder_clm": MODELS["decoder_clm"]}
+        params["pretrain"].update(pretrain)
+
+    return copy_project(template, path, one_decoder)
 
 
 def logged_losses(tmp: Path) -> list[tuple[int, float]]:
@@ -94,10 +92,11 @@ def test_sigkilled_run_resumes_to_identical_weights(reproduced_template: Path, t
     same weights and losses as a run straight through that built them in the training process."""
     settings = {"max_steps": 40, "checkpoint_every": 15, "val_every": 20, "log_every": 1, "warmup_steps": 5}
     straight = decoder_project(reproduced_template, tmp_path / "straight", settings | {"num_workers": 0})
-    killed = Path(shutil.copytree(straight, tmp_path / "killed", symlinks=True))  # the same data, once
-    params = yaml.safe_load((killed / "params.yaml").read_text())
-    params["pretrain"]["num_workers"] = 2  # an odd step to resume at: worker 0 then builds what worker 1 did
-    (killed / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    def two_loader_workers(params: dict) -> None:  # an odd step to resume at: worker 0 builds what 1 did
+        params["pretrain"]["num_workers"] = 2
+
+    killed = copy_project(straight, tmp_path / "killed", two_loader_workers)  # the same data, once
     sh(straight, "dvc", "repro", TARGET, MLFLOW_TRACKING_URI=None)
 
     process = subprocess.Popen(

@@ -10,7 +10,6 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-import yaml
 
 from flows.ablation import main as ablation_main
 from flows.common import PipelineError
@@ -78,12 +77,11 @@ def test_ci_sized_ladder_fits_the_law(reproduced_template: Path, tmp_path: Path)
 
     from flows.scaling import scaling
 
-    # the reproduced project's data, its one model the default decoder: the ladder pretrains only
-    project = copy_project(reproduced_template, tmp_path / "project")
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    params["models"] = {"decoder_clm": DEFAULT_PARAMS["models"]["decoder_clm"]}
-    params["pretrain"].update(val_every=1000, checkpoint_every=1000)
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    def one_decoder(params: dict) -> None:  # the default decoder: the ladder pretrains only
+        params["models"] = {"decoder_clm": DEFAULT_PARAMS["models"]["decoder_clm"]}
+        params["pretrain"].update(val_every=1000, checkpoint_every=1000)
+
+    project = copy_project(reproduced_template, tmp_path / "project", one_decoder)
     assert "up to date" in sh(project, "dvc", "status", "--with-deps", "pack").stdout  # the data stays
     sh(project, "git", "add", "-A")
     sh(project, "git", "commit", "-qm", "one decoder")

@@ -5,6 +5,10 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
+# make's commands keep the bytecode of every module they import in one folder of the venv, never beside
+# the sources, also where the shell sets PYTHONDONTWRITEBYTECODE (which recompiles on every import)
+export PYTHONPYCACHEPREFIX := $(CURDIR)/$(VENV)/pycache
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup test-setup repro test lint bench ui clean-venv
 
@@ -36,13 +40,15 @@ ui: setup
 	print('MLflow:', ui_link(tracking_experiment(), $(UI_PORT)))"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
-# the tests' environment: setup's and the hf extra (transformers, for the export tests), in one install
+# the tests' environment: setup's and the hf extra (transformers, for the export tests), in one install;
+# not byte-compiled by pip (100 s of the set-up, on files no test imports): the tests compile what they
+# import, once, into the venv's pycache folder
 TEST_STAMP := $(VENV)/.installed-test
 test-setup: $(TEST_STAMP)
 
 $(TEST_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[dev,hf]'
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev,hf]'
 	touch $(STAMP) $@
 
 # PYTEST_ARGS='-m "not slow"' leaves out the slow tier (real-text learning, resume, DDP, compile, fan-out)

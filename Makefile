@@ -5,8 +5,9 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
-# make's commands keep the bytecode of every module they import in one folder of the venv, never beside
-# the sources, also where the shell sets PYTHONDONTWRITEBYTECODE (which recompiles on every import)
+# pip installs without byte-compiling (100 s of the set-up, mostly on files nothing imports); make's
+# commands compile a module on its first import, once, into one folder of the venv, never beside the
+# sources, also where the shell sets PYTHONDONTWRITEBYTECODE (which would recompile on every import)
 export PYTHONPYCACHEPREFIX := $(CURDIR)/$(VENV)/pycache
 unexport PYTHONDONTWRITEBYTECODE
 
@@ -17,7 +18,7 @@ setup: $(STAMP)
 # pip (not uv/poetry): torch==2.13.0 comes from the local wheel on CPU machines
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
 	touch $(STAMP)
 
 # PROFILE=real-cpu CORPUS=<text folder> GLUE=<GLUE folder>: a profile of flows/profiles as one DVC
@@ -40,9 +41,7 @@ ui: setup
 	print('MLflow:', ui_link(tracking_experiment(), $(UI_PORT)))"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
-# the tests' environment: setup's and the hf extra (transformers, for the export tests), in one install;
-# not byte-compiled by pip (100 s of the set-up, on files no test imports): the tests compile what they
-# import, once, into the venv's pycache folder
+# the tests' environment: setup's and the hf extra (transformers, for the export tests), in one install
 TEST_STAMP := $(VENV)/.installed-test
 test-setup: $(TEST_STAMP)
 

@@ -5,9 +5,11 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 export DVC_NO_ANALYTICS := 1
-# pip installs without byte-compiling (100 s of the set-up, mostly on files nothing imports); make's
-# commands compile a module on its first import, once, into one folder of the venv, never beside the
-# sources, also where the shell sets PYTHONDONTWRITEBYTECODE (which would recompile on every import)
+# pip (not uv/poetry: torch==2.13.0 comes from the local wheel on CPU machines), without byte-compiling
+# (100 s of the set-up, mostly on files nothing imports); make's commands compile a module on its first
+# import, once, into one folder of the venv, never beside the sources, also where the shell sets
+# PYTHONDONTWRITEBYTECODE (which would recompile on every import)
+INSTALL := $(BIN)/python -m pip install --quiet --no-compile -e
 export PYTHONPYCACHEPREFIX := $(CURDIR)/$(VENV)/pycache
 unexport PYTHONDONTWRITEBYTECODE
 
@@ -15,10 +17,9 @@ unexport PYTHONDONTWRITEBYTECODE
 
 setup: $(STAMP)
 
-# pip (not uv/poetry): torch==2.13.0 comes from the local wheel on CPU machines
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
+	$(INSTALL) '.[dev]'
 	touch $(STAMP)
 
 # PROFILE=real-cpu CORPUS=<text folder> GLUE=<GLUE folder>: a profile of flows/profiles as one DVC
@@ -47,7 +48,7 @@ test-setup: $(TEST_STAMP)
 
 $(TEST_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev,hf]'
+	$(INSTALL) '.[dev,hf]'
 	touch $(STAMP) $@
 
 # PYTEST_ARGS='-m "not slow"' leaves out the slow tier (real-text learning, resume, DDP, compile, fan-out)
@@ -58,7 +59,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 bench: setup
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(INSTALL) '.[dev,bench]'
 	$(BIN)/python bench/data_throughput.py
 	$(BIN)/python bench/data_scale.py --sizes-mb 100 1000 --cluster
 	$(BIN)/python bench/clean_reference.py

@@ -86,13 +86,21 @@ def write_curve(path: Path, history: list[dict[str, float]]) -> None:
             writer.writerow({"step": step, **{k: v for k, v in rows[step].items() if k != "step"}})
 
 
+def train_device(run: PretrainParams) -> Any:
+    """The kind of device Lightning will train on, as `accelerator` asks."""
+    import torch
+
+    gpus = run.accelerator in ("gpu", "auto") and torch.cuda.is_available()
+    return torch.device("cuda" if gpus else "cpu")
+
+
 def world_size(run: PretrainParams) -> int:
     """The processes that will train, on every node: a FLOPs budget is spent by all of them."""
     if isinstance(run.devices, int):
         return run.devices * run.num_nodes
     import torch
 
-    gpus = run.accelerator in ("gpu", "auto") and torch.cuda.is_available()
+    gpus = train_device(run).type == "cuda"
     return (torch.cuda.device_count() if gpus else 1) * run.num_nodes
 
 

@@ -30,6 +30,19 @@ def read_losses(losses: list[Tensor], steps: Sequence[int]) -> list[float]:
     return values.tolist()
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """params.yaml's `precision` for a run on `device`: `auto` is bf16-mixed where bf16 is native (a
+    CUDA GPU that supports it; a CPU with AVX512-BF16 or AMX) and 32-true elsewhere. PyTorch emulates
+    bf16 on other CPUs: 30x slower than fp32 on a 2-core EPYC without AVX-512 (docs/results/2026-11.md)."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported()
+    else:  # the checks oneDNN makes; PyTorch has no public name for them
+        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "bf16-mixed" if native else "32-true"
+
+
 def derived_seed(*keys: int) -> int:
     """A 63-bit seed that is a pure function of `keys`; different keys give independent streams."""
     return int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from models.finetune import finetune
     from models.heads import SequenceHead
-    from models.training import NonFiniteLoss
+    from models.training import NonFiniteLoss, resolve_precision
 
     # tracking: one run per seed, linked to the pretrain run of the weights it starts from
     tags = {
@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
         found = find_run(tracking_experiment(), {"stage": "pretrain", WEIGHTS_TAG: weights_sha})
         if found:
             tags["pretrain_run_id"] = found
+    # `auto` resolved here, so MLflow holds the precision that trains
+    target = device(common.accelerator)
+    common = common.model_copy(update={"precision": resolve_precision(common.precision, target)})
     logged_params = {
         f"models.{name}": variant.model_dump(exclude_none=True),
         f"finetune.tasks.{task.name}": recipe.model_dump(),
@@ -91,7 +94,6 @@ def main(argv: list[str] | None = None) -> None:
         "train_rows": len(data.train),
     }
 
-    target = device(common.accelerator)
     pooling = {"encoder": common.encoder_pooling, "encoder_decoder": common.encdec_pooling}
     num_labels = 1 if task.is_regression else len(task.labels or ())
     results: dict[str, Any] = {}

@@ -33,6 +33,7 @@ from lmpipe.pretraining import (
     step_budget,
     summarise,
     train_config,
+    train_device,
     trainer_for,
     world_size,
     write_curve,
@@ -64,10 +65,12 @@ def main(argv: list[str] | None = None) -> None:
 
     from models.flops import count_step_flops, estimate_step_flops, peak_flops
     from models.lightning import PretrainModule, TokenDataModule
-    from models.training import NonFiniteLoss
+    from models.training import NonFiniteLoss, resolve_precision
 
     if run.accelerator == "gpu" and not torch.cuda.is_available():
         raise StageError("params.yaml: pretrain.accelerator=gpu: no CUDA device is visible")
+    # `auto` resolved here, so the resume fingerprint and MLflow hold the precision that trains
+    run = run.model_copy(update={"precision": resolve_precision(run.precision, train_device(run))})
 
     # compute: one micro-batch's FLOPs, counted on the meta device; a FLOPs budget becomes steps
     flops = (count_step_flops(model_cfg, train_cfg), estimate_step_flops(model_cfg, train_cfg))
@@ -115,13 +118,14 @@ def main(argv: list[str] | None = None) -> None:
         if module.peak_flops is None:
             log.info("pretrain@%s: no bf16 peak known for %s (models/flops.py): no MFU", name, device)
     log.info(
-        "pretrain@%s: %s/%s, %.2fM parameters, %d steps of %.3g FLOPs, %s",
+        "pretrain@%s: %s/%s, %.2fM parameters, %d steps of %.3g FLOPs in %s, %s",
         name,
         variant.arch,
         variant.objective,
         module.model.num_parameters() / 1e6,
         train_cfg.max_steps,
         flops[0] * micro_batches,
+        run.precision,
         f"resuming from {ckpt}" if ckpt else "from scratch",
     )
 

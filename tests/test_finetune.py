@@ -12,7 +12,7 @@ from models.config import ModelConfig
 from models.finetune import FinetuneConfig, epoch_batches, finetune, predict, warmup_linear
 from models.finetune_data import encode_pair
 from models.heads import SequenceHead
-from models.training import NonFiniteLoss
+from models.training import NonFiniteLoss, resolve_precision
 from models.transformer import Transformer
 
 CFG = ModelConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32)
@@ -158,3 +158,18 @@ def test_the_losses_are_read_from_the_device_every_n_steps(monkeypatch: pytest.M
         monkeypatch.setattr(fine, "READ_LOSSES_EVERY", every)
         with pytest.raises(NonFiniteLoss, match="^the loss became inf at step 4$"):
             finetune(head("encoder", 1), ids, targets, cfg)
+
+
+@pytest.mark.parametrize(
+    ("avx512_bf16", "amx", "resolved"),
+    [(False, False, "32-true"), (True, False, "bf16-mixed"), (False, True, "bf16-mixed")],
+)
+def test_auto_precision_is_bf16_only_where_the_cpu_has_it_natively(
+    monkeypatch: pytest.MonkeyPatch, avx512_bf16: bool, amx: bool, resolved: str
+) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu) == resolved
+    for given in ("32-true", "bf16-mixed"):  # a precision named is kept, wherever it runs
+        assert resolve_precision(given, cpu) == given

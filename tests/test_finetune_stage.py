@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from lmpipe.layout import predictions_sha256
 from lmpipe.runtime import StageError, sha256_file
@@ -28,6 +29,8 @@ OVERRIDES = {
     "pretrain.warmup_steps": 0,
     "pretrain.val_every": 10,
     "pretrain.checkpoint_every": 10,
+    "pretrain.precision": "auto",
+    "finetune.common.precision": "auto",
 }
 
 
@@ -84,6 +87,10 @@ def test_one_mlflow_run_per_seed_linked_to_the_pretraining_run(tuned: Workdir) -
         [experiment.experiment_id], f"tags.stage = 'pretrain' and tags.weights_sha256 = '{weights}'"
     )
     assert pretraining.data.tags["model"] == "enc"
+    # `auto` is logged as the precision it resolved to: bf16 only where the CPU has it natively
+    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    resolved = "bf16-mixed" if native_bf16 else "32-true"
+    assert pretraining.data.params["pretrain.precision"] == resolved
     for init in ["pretrained", "scratch"]:
         summary = json.loads((out(tuned, init) / "summary.json").read_text())
         for seed, entry in summary["seeds"].items():
@@ -118,6 +125,7 @@ def test_one_mlflow_run_per_seed_linked_to_the_pretraining_run(tuned: Workdir) -
             assert tags.get("pretrain_run_id") == (pretraining.info.run_id if init == "pretrained" else None)
             assert tags["data.synthetic"] == "True"
             assert run.data.params["finetune.tasks.stsb.max_train_rows"] == "64"
+            assert run.data.params["finetune.common.precision"] == resolved
             assert run.data.metrics["loss.validation"] == pytest.approx(entry["eval_loss"]["validation"])
             curve = client.get_metric_history(run.info.run_id, "train_loss")
             assert [m.step for m in sorted(curve, key=lambda m: m.step)] == [0, 1]

@@ -34,7 +34,9 @@ class FinetuneCommonParams(Strict):
     encdec_pooling: Literal["mean_encoder", "first_decoder"] = "mean_encoder"
     eval_batch_size: int = Field(128, ge=1)
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
-    precision: Literal["32-true", "bf16-mixed"] = "32-true"
+    precision: Literal["auto", "32-true", "bf16-mixed"] = Field(
+        "32-true", description="auto: bf16-mixed where bf16 is native (a GPU, AVX512-BF16, AMX), else 32-true"
+    )
     accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
 
 

@@ -62,7 +62,9 @@ class PretrainParams(Strict):
     val_batches: int = Field(4, ge=1)
     checkpoint_every: int = Field(100, ge=1)
     log_every: int = Field(10, ge=1)
-    precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
+    precision: Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true"] = Field(
+        "32-true", description="auto: bf16-mixed where bf16 is native (a GPU, AVX512-BF16, AMX), else 32-true"
+    )
     accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
     devices: int | Literal["auto"] = Field(1, description="processes (GPUs) per node")
     num_nodes: int = Field(1, ge=1, description="nodes of a torchrun or SLURM launch (Lightning's)")

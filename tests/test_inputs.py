@@ -83,16 +83,22 @@ def test_an_edited_file_is_stale_and_a_touched_one_is_not(project: Path, outside
 
 
 def test_a_removed_or_renamed_file_is_stale(project: Path, outside: Path) -> None:
-    (outside / "books/part-9.txt").unlink()
-    assert status(project) == {"ingest@books": [str(outside / "books")]}
-    restored = sh(project, "dvc", "repro", "pack").stdout
-    # the folder holds what it first held: DVC's run cache, keyed by the content, restores that run's
-    # outputs (an added file's content was new, so that run was real)
-    assert "Stage 'ingest@books' is cached - skipping run, checking out outputs" in restored
-    assert documents(project, "books") == BOOKS
-    (outside / "books/part-3.txt").rename(outside / "books/part-7.txt")
-    assert status(project) == {"ingest@books": [str(outside / "books")]}
+    books = outside / "books"
+    held = documents(project, "books")
+    (books / "part-3.txt").rename(books / "part-7.txt")
+    assert status(project) == {"ingest@books": [str(books)]}
     assert repro(project)[0] == "ingest@books"  # the document ids name the file
+    (books / "part-7.txt").rename(books / "part-3.txt")
+    restored = sh(project, "dvc", "repro", "pack").stdout
+    # the folder holds what it held before: DVC's run cache, keyed by the content, restores that run's
+    # outputs
+    assert "Stage 'ingest@books' is cached - skipping run, checking out outputs" in restored
+    assert documents(project, "books") == held
+    text = (books / "part-3.txt").read_text()
+    (books / "part-3.txt").unlink()
+    assert status(project) == {"ingest@books": [str(books)]}
+    (books / "part-3.txt").write_text(text)
+    assert status(project) == {}
 
 
 def test_an_edited_glue_tsv_reruns_glue_prepare_only(project: Path, outside: Path) -> None:

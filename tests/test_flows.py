@@ -67,7 +67,7 @@ def test_graph_is_dvcs_own(project: Path) -> None:
 
 def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     points = {name: expand(grid) for name, grid in PRESETS.items()}
-    assert [p["objectives.mlm.mask_rate"] for p in points["masking_rate"]] == [0.10, 0.15, 0.20, 0.25]
+    assert [p["objectives.mlm.mask_rate"] for p in points["masking_rate"]] == [0.10, 0.15, 0.20, 0.25, 0.40]
     assert [p["objectives.span.noise_density"] for p in points["span_density"]] == [0.10, 0.15, 0.25, 0.50]
     assert len(points["mask_split"]) == 2
     overrides = {

@@ -169,6 +169,7 @@ def comparison(
             row["delta_average_low"] = scores["delta_low"]["average"]
             row["delta_average_high"] = scores["delta_high"]["average"]
             row["delta_average_verdict"] = scores["verdict"]["average"]
+            row["delta_average_detectable"] = scores["delta_detectable"]["average"]
             against = model if (model, "pretrained") in base_runs else _only_model(base_runs)
             comparable = against is not None and all(
                 key in base_idx and np.array_equal(idx[key], base_idx[key]) for key in labels
@@ -190,6 +191,7 @@ def comparison(
                 row[f"{prefix}_low"] = found.low if found else float("nan")
                 row[f"{prefix}_high"] = found.high if found else float("nan")
                 row[f"{prefix}_verdict"] = found.verdict if found else status
+                row[f"{prefix}_detectable"] = found.detectable if found else float("nan")
             pretrain = results[point.index]["pretrain"][model]
             row["pretrain_steps"], row["train_flops"] = pretrain["steps"], pretrain["train_flops"]
             curve = results[point.index]["curves"][model]["train_loss"].dropna()
@@ -208,7 +210,10 @@ def _interval(row: Mapping[str, Any], prefix: str) -> str:
         return str(row[f"{prefix}_verdict"])
     text = f"{row[prefix]:+.2f} [{row[f'{prefix}_low']:+.2f}, {row[f'{prefix}_high']:+.2f}]"
     verdict = row[f"{prefix}_verdict"]
-    return f"{text} **{verdict}**" if verdict in ("better", "worse") else f"{text} {verdict}"
+    if verdict in ("better", "worse"):
+        return f"{text} **{verdict}**"
+    detectable = row.get(f"{prefix}_detectable", float("nan"))
+    return f"{text} {verdict}" + ("" if pd.isna(detectable) else f" (detects ±{detectable:.2f})")
 
 
 def task_columns(table: pd.DataFrame) -> list[str]:

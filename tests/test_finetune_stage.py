@@ -154,9 +154,10 @@ def test_evaluate_reports_the_synthetic_run(tuned: Workdir) -> None:
     glue = json.loads((tuned.path / "metrics/glue.json").read_text())
     assert set(glue["enc"]) == {
         *("pretrained", "scratch", "pretrained_mean", "pretrained_std", "scratch_mean", "scratch_std"),
-        *("delta", "delta_low", "delta_high", "verdict"),
+        *("delta", "delta_low", "delta_high", "verdict", "delta_detectable"),
     }
     assert glue["enc"]["verdict"]["stsb"] in ("better", "worse", "within noise")
+    assert glue["enc"]["delta_detectable"]["average"] > 0
     assert set(glue["enc"]["pretrained"]) == {"stsb", "average"}
     report = (tuned.path / "reports/glue.md").read_text()
     assert "**Synthetic data.**" in report and "| enc (encoder, mlm) | pretrained |" in report

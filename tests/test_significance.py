@@ -127,3 +127,32 @@ def test_the_average_interval_averages_the_evaluations_draws() -> None:
     draws = (found[0].distribution + found[1].distribution) / 2
     assert (average.low, average.high) == pytest.approx(tuple(np.percentile(draws, [2.5, 97.5])))
     assert average.verdict == "better"
+
+
+def test_the_detectable_effect_is_2_8_standard_errors_of_the_paired_difference() -> None:
+    """On accuracy with one seed, Δ's standard error has a closed form: A right and B wrong on a
+    fraction d₁ of n examples, the reverse on d₂, var(Δ) = (d₁ + d₂ − (d₁ − d₂)²) / n."""
+    rng = np.random.default_rng(5)
+    n = 2000
+    labels = rng.integers(0, 2, n)
+    outcome = rng.choice(4, n, p=[0.70, 0.12, 0.08, 0.10])  # both right, only A, only B, both wrong
+    a = np.where((outcome == 0) | (outcome == 1), labels, 1 - labels)[None]
+    b = np.where((outcome == 0) | (outcome == 2), labels, 1 - labels)[None]
+    found = paired_difference(TASKS["sst2"], a, b, labels)
+    d1, d2 = np.mean(outcome == 1), np.mean(outcome == 2)
+    standard_error = 100 * np.sqrt((d1 + d2 - (d1 - d2) ** 2) / n)
+    assert found.detectable == pytest.approx(2.8016 * standard_error, rel=0.05)
+    # the planted Δ (4 points) is above it, and found
+    assert found.delta == pytest.approx(100 * (d1 - d2)) and found.delta > found.detectable
+    assert found.verdict == "better"
+
+
+def test_a_within_noise_average_is_reported_with_what_the_comparison_could_find() -> None:
+    from lmpipe.report.glue import in_short
+    from lmpipe.report.significance import Difference
+
+    draws = np.random.default_rng(6).normal(0.5, 1.0, significance.RESAMPLES)
+    found = {"sst2": Difference(0.5, -1.4, 2.4, draws), "average": Difference(0.5, -1.4, 2.4, draws)}
+    (line, _) = in_short({}, {"enc": found}, "enc", {})
+    assert line.startswith("- **enc** pretrained: no difference from scratch on the GLUE average beyond")
+    assert "(+0.5 [-1.4, +2.4]; these dev sets and seeds find ±2.8 or more 80 % of the time)" in line

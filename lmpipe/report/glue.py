@@ -233,7 +233,7 @@ def glue_metrics(
 ) -> dict[str, Any]:
     """`metrics/glue.json` (×100, unrounded: `dvc metrics show` rounds for display). Per model and init
     each evaluation's score (median over seeds) and the GLUE average, their mean and std over seeds; and
-    Δ = pretrained − scratch with its 95 % interval and verdict."""
+    Δ = pretrained − scratch with its 95 % interval, verdict and detectable effect."""
     out: dict[str, Any] = {}
     for model, inits in medians.items():
         out[model] = {}
@@ -247,6 +247,7 @@ def glue_metrics(
         out[model]["delta_low"] = {k: d.low for k, d in found.items()}
         out[model]["delta_high"] = {k: d.high for k, d in found.items()}
         out[model]["verdict"] = {k: d.verdict for k, d in found.items()}
+        out[model]["delta_detectable"] = {k: d.detectable for k, d in found.items()}
     return out
 
 
@@ -278,7 +279,10 @@ def in_short(
         by_verdict = {v: [k for k, d in found.items() if k != "average" and d.verdict == v] for v in VERDICTS}
         average = found["average"]
         if average.verdict == "within noise":
-            head = f"no difference from scratch on the GLUE average beyond noise ({interval(average)})"
+            head = (
+                f"no difference from scratch on the GLUE average beyond noise ({interval(average)}; "
+                f"these dev sets and seeds find ±{average.detectable:.1f} or more 80 % of the time)"
+            )
         else:
             head = f"**{average.verdict}** than scratch on the GLUE average ({interval(average)})"
         parts = [f"{verdict} on {names(keys)}" for verdict, keys in by_verdict.items() if keys]

@@ -8,7 +8,9 @@ the dev examples are resampled with replacement, the same examples for A and B a
 the interval holds what the choice of dev examples can change, with the seeds pooled by their median.
 The verdict is `better` when the interval lies above zero, `worse` below it, else `within noise`. The
 GLUE average's interval comes from the evaluations' bootstrap distributions (independent dev sets,
-resampled independently), averaged draw by draw.
+resampled independently), averaged draw by draw. A `within noise` verdict is read with the comparison's
+detectable effect: the smallest |Δ| it calls `better` or `worse` 80 % of the time, (z₀.₉₇₅ + z₀.₈) ≈ 2.8
+bootstrap standard errors (a normal approximation); an effect below it needs more dev examples or seeds.
 
 The metrics are vectorised over resamples; on one resample they equal scikit-learn's and SciPy's
 (`lmpipe.glue.tasks.scores`), which the tests check.
@@ -20,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import bootstrap
+from scipy.stats import bootstrap, norm
 
 from lmpipe.glue.tasks import TASKS, GlueTask
 
@@ -29,6 +31,7 @@ RESAMPLES = 9999  # scipy's default
 BATCH = 250  # resamples evaluated at once: bounds memory on the larger dev sets
 METHOD = "paired bootstrap over dev examples (scipy.stats.bootstrap, percentile, 9,999 resamples)"
 VERDICTS = ("better", "worse", "within noise")
+POWER = 0.8  # of the detectable effect
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,12 @@ class Difference:
     def verdict(self) -> str:
         return verdict(self.low, self.high)
 
-    def as_dict(self) -> dict[str, float | str]:
-        return {"delta": self.delta, "low": self.low, "high": self.high, "verdict": self.verdict}
+    @property
+    def detectable(self) -> float:
+        """The smallest |Δ| this comparison finds (`better`/`worse`) with 80 % power: (z₀.₉₇₅ + z₀.₈)
+        bootstrap standard errors."""
+        z = norm.ppf(1 - (1 - CONFIDENCE) / 2) + norm.ppf(POWER)
+        return float(z * np.std(self.distribution, ddof=1))
 
 
 def verdict(low: float, high: float) -> str:

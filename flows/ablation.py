@@ -236,7 +236,8 @@ def markdown(
         "GLUE validation ×100 of the pretrained models: the median over fine-tuning seeds ± the std over "
         f"seeds. Δ vs scratch: pretrained − scratch of the same point. Δ vs baseline: against point "
         f"`{label(baseline.values, swept)}` ({baseline.experiment}), the same model (or its only model). "
-        f"Intervals are 95 %, from a {METHOD}; `better`/`worse` when the interval excludes 0.\n"
+        f"Intervals are 95 %, from a {METHOD}; `better`/`worse` when the interval excludes 0; "
+        "within noise, the effect that comparison detects 80 % of the time (2.8 standard errors).\n"
     )
     if compute:
         header += f"\nEqual compute: every point pretrains on a budget of {compute}.\n"

@@ -24,7 +24,7 @@ from dvc.utils.hydra import apply_overrides
 
 from flows.common import PipelineError
 from flows.dispatch import Refused, checked_in, checkout, params_diff
-from tests.project import TWO_KEY_SWEEP, copy_project, sh
+from tests.project import TWO_KEY_SWEEP, copy_project, dvc_stages, sh
 from tests.services import (
     BIN,
     free_port,
@@ -267,11 +267,12 @@ def test_a_pooled_pipeline_runs_its_gpu_stages_on_the_workers(site: Site, cluste
             timeout=900,
         )
 
+    stages = len(dvc_stages(site.project))
     try:
         first = pipeline()
         assert first.returncode == 0, f"{first.stdout}\n{first.stderr}\n{logs(cluster)}"
         # pretraining and its fine-tune changed; the scratch baseline did not; export and evaluate run here
-        assert first.stdout.strip().splitlines()[-1].startswith("4 ran, 7 up to date")
+        assert first.stdout.strip().splitlines()[-1].startswith(f"4 ran, {stages - 4} up to date")
         runs = flow_runs(cluster.env, "stage-")
         assert sorted(run["name"].rsplit("-", 1)[0].split("-", 2)[-1] for run in runs) == [
             "finetune.encoder_mlm-stsb",
@@ -283,7 +284,7 @@ def test_a_pooled_pipeline_runs_its_gpu_stages_on_the_workers(site: Site, cluste
 
         second = pipeline()
         assert second.returncode == 0, f"{second.stdout}\n{second.stderr}"
-        assert second.stdout.strip().splitlines()[-1].startswith("0 ran, 11 up to date")
+        assert second.stdout.strip().splitlines()[-1].startswith(f"0 ran, {stages} up to date")
         assert len(flow_runs(cluster.env, "stage-")) == len(runs)  # nothing dispatched
     finally:  # the baseline again, for the other tests
         sh(site.project, "git", "checkout", "params.yaml", "dvc.lock")

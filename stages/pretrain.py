@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # our own lines say what happens
     warnings.filterwarnings("ignore", message=".*exists and is not empty")  # expected when resuming
     warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")  # Lightning vs torch 2.13
+    # validation batches are built once, in memory: workers would only copy them
+    warnings.filterwarnings("ignore", message=".*'val_dataloader' does not have many workers")
 
     # resume: a checkpoint of the very same run, if an interrupted one left it
     resume_dir = resume_checkpoints(name)

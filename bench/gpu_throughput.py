@@ -108,9 +108,8 @@ def autocast(device: torch.device, precision: str):
 def ours(
     model: ModelConfig, train: TrainConfig, batch: dict, device: torch.device, precision: str, compiled: bool
 ) -> Step:
-    module = PretrainModule(model.to_dict(), train.__dict__).to(device)
-    if compiled:
-        module.model.compile()  # as pretrain's configure_model does
+    module = PretrainModule(model.to_dict(), train.__dict__, compile=compiled).to(device)
+    module.configure_model()  # as the Trainer does: compiles the model and the loss when asked
     return training_step(lambda: module.loss(batch)[0], module.parameters(), device, precision)
 
 

@@ -186,6 +186,12 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
 
 
+def token_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Cross-entropy in fp32 and the number of correct predictions. Compiled with the model: then the
+    fp32 copy of the logits ([B·T, vocab] for a decoder) is never written to memory."""
+    return F.cross_entropy(logits.float(), labels), (logits.argmax(-1) == labels).sum()
+
+
 class PretrainModule(L.LightningModule):
     def __init__(self, model: dict[str, Any], train: dict[str, Any], compile: bool = False) -> None:
         super().__init__()
@@ -194,6 +200,7 @@ class PretrainModule(L.LightningModule):
         self.cfg = TrainConfig(**train)
         self.model = Transformer(self.model_cfg)
         self.compile = compile
+        self._token_loss = token_loss
         self.history: list[dict[str, float]] = []
         self._train_losses: list[tuple[int, Tensor]] = []  # on the device until the next log boundary
         self._last_log: tuple[float, int] | None = None  # the clock and step of the last boundary
@@ -204,12 +211,12 @@ class PretrainModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.compile:
             self.model.compile()  # in place: parameter names and the state dict stay as they are
+            self._token_loss = torch.compile(token_loss)
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
         """Cross-entropy, correct predictions and the number of predicted tokens."""
         logits, labels = OBJECTIVES[self.cfg.objective].logits_and_labels(self.model, batch)
-        loss = F.cross_entropy(logits.float(), labels)
-        correct = (logits.argmax(-1) == labels).sum()
+        loss, correct = self._token_loss(logits, labels)
         return loss, correct, labels.numel()
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

@@ -359,11 +359,16 @@ def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(sample_pipe
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
-    """`pretrain.compile` runs the model through torch.compile (TorchDynamo captures its graphs), and
-    without it nothing is compiled."""
+    """`pretrain.compile` runs the model and the loss through torch.compile (TorchDynamo holds compiled
+    code for both), and without it nothing is compiled."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import counters
 
+    from models.lightning import token_loss
+    from models.transformer import Transformer
+
     sample_pipeline.set("models", {"encoder_mlm": MODELS["encoder_mlm"]})
+    losses = []
     for compile_ in (False, True):
         torch._dynamo.reset()
         counters.clear()
@@ -373,6 +378,11 @@ def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
             run_stages(sample_pipeline, "pretrain", "encoder_mlm")  # in this process: its counters
         graphs = counters["stats"]["unique_graphs"]
         assert graphs > 0 if compile_ else graphs == 0, (compile_, dict(counters["stats"]))
+        compiled = [bool(_debug_get_cache_entry_list(f.__code__)) for f in (Transformer.forward, token_loss)]
+        assert compiled == [compile_, compile_]
+        metrics = sample_pipeline.path / "metrics/pretrain/encoder_mlm.json"
+        losses.append(json.loads(metrics.read_text())["train_loss"])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)  # the same training, compiled
     model, config = load_pretrained(sample_pipeline.path / "checkpoints/encoder_mlm/final")
     assert config["steps"] == 5 and model.num_parameters() > 0
 

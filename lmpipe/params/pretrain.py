@@ -69,7 +69,7 @@ class PretrainParams(Strict):
     devices: int | Literal["auto"] = Field(1, description="processes (GPUs) per node")
     num_nodes: int = Field(1, ge=1, description="nodes of a torchrun or SLURM launch (Lightning's)")
     strategy: Literal["auto", "ddp", "fsdp"] = "auto"
-    compile: bool = False
+    compile: bool = Field(False, description="torch.compile the model and its loss")
     models: dict[str, dict[str, Any]] = Field(
         {}, description="per model of `models`: its own values of the keys above (e.g. a step budget)"
     )

@@ -212,7 +212,7 @@ def _interval(row: Mapping[str, Any], prefix: str) -> str:
     verdict = row[f"{prefix}_verdict"]
     if verdict in ("better", "worse"):
         return f"{text} **{verdict}**"
-    detectable = row.get(f"{prefix}_detectable", float("nan"))
+    detectable = row[f"{prefix}_detectable"]
     return f"{text} {verdict}" + ("" if pd.isna(detectable) else f" (detects ±{detectable:.2f})")
 
 

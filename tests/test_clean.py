@@ -26,6 +26,8 @@ from tests.pipeline_helpers import clean_texts
 from tests.texts import WORDS, prose
 
 CFG = CleanParams()
+
+
 def test_normalize() -> None:
     raw = "Cafe\u0301\r\nline\ttwo  \u00a0three\u200b\x07\n\n\n\n end \ufeff"
     assert normalize(raw) == "Caf\u00e9\nline two three\n\nend"

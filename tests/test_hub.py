@@ -42,9 +42,8 @@ def test_offline_or_unknown_dataset_is_one_line_and_no_output(workdir) -> None:
     workdir.write_params(hub={"c4": {"dataset": "allenai/c4", "config": "en", "revision": SHA}})
     result = workdir.run("hub", "c4")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        f"error: hub.c4 (Hub dataset 'allenai/c4' at {SHA[:12]}): cannot load: Couldn't reach 'allenai/c4'"
-    )
+    expected = f"error: hub.c4 (Hub dataset 'allenai/c4' at {SHA[:12]}): cannot load: Couldn't reach"
+    assert result.stderr.strip().splitlines()[-1].startswith(f"{expected} 'allenai/c4'")
     assert "Traceback" not in result.stderr
     assert not (workdir.path / "data/hub").exists() and not (workdir.path / "metrics/hub").exists()
     result = workdir.run("hub", "c5")

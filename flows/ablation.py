@@ -265,7 +265,8 @@ def markdown(
 def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
     """GLUE average and each task against the swept value, one line per model, error bars the std over
     seeds; filled markers differ from the baseline (better or worse), hollow ones are within noise; a
-    dotted line marks the baseline point's level."""
+    dotted line marks the baseline point's level. Then each point's pretrained − scratch Δ of the
+    average with its 95 % interval, filled where the verdict is better or worse."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -274,8 +275,11 @@ def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
     metrics = ["glue_average", *task_columns(table)]
     numeric = len(swept) == 1 and swept[0] != MODELS_KEY and pd.api.types.is_numeric_dtype(table[swept[0]])
     x_of = (lambda frame: frame[swept[0]]) if numeric else (lambda frame: frame["point"])
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.4), squeeze=False)
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    fig, axes = plt.subplots(1, len(metrics) + 1, figsize=(4 * (len(metrics) + 1), 3.4), squeeze=False)
+    _plot_delta_over_scratch(axes[0][-1], table, x_of)
+    axes[0][-1].set_xlabel(swept[0] if numeric else "point")
+    axes[0][-1].tick_params(axis="x", labelrotation=0 if numeric else 30)
+    for ax, metric in zip(axes[0][:-1], metrics, strict=True):
         verdict = "vs_baseline_verdict" if metric == "glue_average" else f"{metric}_vs_baseline_verdict"
         for model, frame in table.groupby("model", sort=False):
             line = ax.errorbar(
@@ -295,6 +299,20 @@ def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
     axes[0][0].legend(fontsize="small")
     fig.tight_layout()
     return png(fig, plt)
+
+
+def _plot_delta_over_scratch(ax, table: pd.DataFrame, x_of) -> None:
+    """Pretrained − scratch Δ of the GLUE average per point, error bars its 95 % interval."""
+    for model, frame in table.groupby("model", sort=False):
+        delta = frame["delta_average"]
+        interval = [delta - frame["delta_average_low"], frame["delta_average_high"] - delta]
+        line = ax.errorbar(x_of(frame), delta, yerr=interval, capsize=3, label=model)
+        verdict = frame["delta_average_verdict"].isin(["better", "worse"])
+        ax.plot(x_of(frame)[verdict], delta[verdict], "o", color=line[0].get_color())
+        ax.plot(x_of(frame)[~verdict], delta[~verdict], "o", mfc="white", color=line[0].get_color())
+    ax.axhline(0.0, linestyle=":", color="grey")  # pretraining neither helps nor hurts
+    ax.set_title("Δ pretrained − scratch (average)")
+    ax.set_ylabel("Δ ×100 (95 % interval)")
 
 
 def plot_losses(

@@ -301,6 +301,38 @@ def test_architecture_preset_trains_every_point_on_the_baselines_flops() -> None
         equal_flops_budget(short, 0)
 
 
+def test_the_sweep_plot_shows_each_points_delta_over_scratch_with_its_interval() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flows.ablation import _plot_delta_over_scratch
+
+    table = pd.DataFrame(
+        {
+            "model": ["decoder_clm"] * 3,
+            "pretrain.max_steps": [1700, 3400, 6800],
+            "delta_average": [0.1, 1.6, 3.5],
+            "delta_average_low": [-1.8, -0.2, 1.0],
+            "delta_average_high": [2.3, 4.0, 6.1],
+            "delta_average_verdict": ["within noise", "within noise", "better"],
+        }
+    )
+    fig, ax = plt.subplots()
+    _plot_delta_over_scratch(ax, table, lambda frame: frame["pretrain.max_steps"])
+    [bars] = ax.containers
+    assert list(bars.lines[0].get_ydata()) == [0.1, 1.6, 3.5]
+    [segments] = bars.lines[2]  # the vertical error bars: from each interval's low to its high
+    ends = [float(y) for segment in segments.get_segments() for y in segment[:, 1]]
+    assert ends == pytest.approx([-1.8, 2.3, -0.2, 4.0, 1.0, 6.1])
+    filled = [line for line in ax.lines if line.get_marker() == "o" and line.get_markerfacecolor() != "white"]
+    hollow = [line for line in ax.lines if line.get_marker() == "o" and line.get_markerfacecolor() == "white"]
+    assert [list(line.get_xdata()) for line in filled] == [[6800]]  # only the `better` point
+    assert [list(line.get_xdata()) for line in hollow] == [[1700, 3400]]
+    plt.close(fig)
+
+
 def test_a_sweep_of_two_keys(swept_template: Path) -> None:
     """TWO_KEY_SWEEP, two points as a list (a grid's product is test_expand's), run by the command line:
     two pretrains, exports, fine-tunes and evaluations; the scratch baselines stay cached."""

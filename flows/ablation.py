@@ -69,6 +69,21 @@ BASELINES: dict[str, dict[str, Any]] = {
     "architecture": {MODELS_KEY: "encoder_mlm"},
     "span_density": {"objectives.span.noise_density": 0.15},
 }
+# the seeds' tables: what the paper measured for a point against its baseline row, in GLUE average
+# points (BERT's Table 5 masking rates and its 100 % [MASK] ablation; T5's corruption rates)
+PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
+    "masking_rate": [
+        ({f"{MLM}.mask_rate": 0.10}, 79.3 - 80.5, "BERT, Table 5"),
+        ({f"{MLM}.mask_rate": 0.20}, 80.1 - 80.5, "BERT, Table 5"),
+        ({f"{MLM}.mask_rate": 0.25}, 79.6 - 80.5, "BERT, Table 5"),
+    ],
+    "mask_split": [({f"{MLM}.mask_fraction": 1.0}, 78.9 - 80.5, "BERT, 100 % [MASK]")],
+    "span_density": [
+        ({"objectives.span.noise_density": 0.10}, 82.82 - 83.28, "T5, corruption rate"),
+        ({"objectives.span.noise_density": 0.25}, 83.00 - 83.28, "T5, corruption rate"),
+        ({"objectives.span.noise_density": 0.50}, 81.27 - 83.28, "T5, corruption rate"),
+    ],
+}
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
 # spends on its step budget (T5 compares objectives and architectures that way)
 EQUAL_FLOPS = {"architecture"}
@@ -220,6 +235,27 @@ def task_columns(table: pd.DataFrame) -> list[str]:
     return [c[: -len("_vs_baseline_verdict")] for c in table.columns if c.endswith("_vs_baseline_verdict")]
 
 
+def power_lines(table: pd.DataFrame, preset: str | None) -> list[str]:
+    """For each within-noise point that the preset's paper measured: what this sweep could detect
+    against the paper's effect, and how many times the dev examples would detect that effect (an
+    interval narrows with the square root of the examples it resamples)."""
+    lines = []
+    for row in table.to_dict("records"):
+        for values, effect, source in PAPER_EFFECTS.get(preset or "", []):
+            matches = all(key in row and np.isclose(row[key], value) for key, value in values.items())
+            if not matches or row["vs_baseline_verdict"] != "within noise":
+                continue
+            detectable, size = row["vs_baseline_detectable"], abs(effect)
+            said = f"- `{row['experiment']}`: {source} measured {effect:+.1f}; this comparison detects "
+            said += f"±{detectable:.2f}"
+            if detectable <= size:
+                lines.append(f"{said}, so an effect of the paper's size would have shown 80 % of the time.")
+            else:
+                factor = (detectable / size) ** 2
+                lines.append(f"{said}: about {factor:.1f}× the dev examples would detect {size:.1f}.")
+    return lines
+
+
 def markdown(
     table: pd.DataFrame,
     sweep: str,
@@ -227,6 +263,7 @@ def markdown(
     synthetic: bool,
     baseline: Point,
     compute: str | None = None,
+    preset: str | None = None,
 ) -> str:
     from lmpipe.report.significance import METHOD
 
@@ -259,6 +296,9 @@ def markdown(
     for row in table.to_dict("records"):
         cells = [_interval(row, f"{t}_vs_baseline") for t in tasks]
         lines.append(f"| {row['experiment']} | {row['model']} | " + " | ".join(cells) + " |")
+    power = power_lines(table, preset)
+    if power:
+        lines += ["", "Within noise, against the paper (80 % power, 95 % intervals):", "", *power]
     return header + "\n" + "\n".join(lines) + "\n"
 
 
@@ -418,7 +458,8 @@ def ablation(
 
     table = comparison(points, results, swept, points[base], int(sweep.params.get("seed", 0)))
     if len(table):
-        report = markdown(table, sweep.name, swept, validated[0].glue.synthetic, points[base], compute)
+        synthetic = validated[0].glue.synthetic
+        report = markdown(table, sweep.name, swept, synthetic, points[base], compute, preset)
         report += sweep.where_points_ran(points, results, failed)
         files = {
             "comparison.csv": table.to_csv(index=False),

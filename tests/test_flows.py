@@ -301,6 +301,35 @@ def test_architecture_preset_trains_every_point_on_the_baselines_flops() -> None
         equal_flops_budget(short, 0)
 
 
+def test_within_noise_points_are_read_against_the_papers_effect_size() -> None:
+    from flows.ablation import PAPER_EFFECTS, power_lines
+
+    for preset, effects in PAPER_EFFECTS.items():  # each names a point of its preset, not its baseline
+        points = expand(PRESETS[preset])
+        baseline = points[baseline_index(points, None, preset)]
+        for values, _, _ in effects:
+            assert (
+                any(values.items() <= point.items() for point in points)
+                and not values.items() <= baseline.items()
+            )
+    rate = "objectives.mlm.mask_rate"
+    table = pd.DataFrame(
+        {
+            "experiment": ["r10", "r15", "r20", "r25", "r40"],
+            rate: [0.10, 0.15, 0.20, 0.25, 0.40],
+            "vs_baseline_verdict": ["within noise", "baseline", "worse", "within noise", "within noise"],
+            "vs_baseline_detectable": [2.9, float("nan"), 0.3, 0.8, 2.0],
+        }
+    )
+    assert power_lines(table, "masking_rate") == [
+        "- `r10`: BERT, Table 5 measured -1.2; this comparison detects ±2.90: about 5.8× the dev examples "
+        "would detect 1.2.",
+        "- `r25`: BERT, Table 5 measured -0.9; this comparison detects ±0.80, so an effect of the paper's "
+        "size would have shown 80 % of the time.",
+    ]  # r20 has a verdict; 40 % is not in the paper's table
+    assert power_lines(table, None) == [] and power_lines(table, "architecture") == []
+
+
 def test_the_sweep_plot_shows_each_points_delta_over_scratch_with_its_interval() -> None:
     import matplotlib
 

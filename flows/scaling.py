@@ -84,7 +84,7 @@ def budget_override(n: int, tokens_per_step: int, ratio: float) -> tuple[str, in
     override of its model's own pretrain values."""
     steps = max(10, math.ceil(ratio * n / tokens_per_step))
     budget = (
-        f"++pretrain.models.{MODEL}={{max_steps:{steps},warmup_steps:{max(1, steps // 10)},max_minutes:null}}"
+        f"++models.{MODEL}.pretrain={{max_steps:{steps},warmup_steps:{max(1, steps // 10)},max_minutes:null}}"
     )
     return budget, steps
 

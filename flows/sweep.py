@@ -140,9 +140,8 @@ def command_line(
 
 
 def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_file: Path) -> list[str]:
-    """A point as DVC's -S overrides; `models` keeps only the named variants (the rest are deleted,
-    with their `pretrain.models.<name>` budgets). `params`: what the point starts from (params.yaml,
-    a profile applied)."""
+    """A point as DVC's -S overrides; `models` keeps only the named variants (the rest are deleted).
+    `params`: what the point starts from (params.yaml, a profile applied)."""
     overrides = []
     for key, value in point.items():
         if key == MODELS_KEY:
@@ -153,12 +152,7 @@ def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_
                 raise PipelineError(
                     f"grid key 'models': {params_file} has no model {unknown[0]!r} (has {known})"
                 )
-            budgets = (params.get("pretrain") or {}).get("models") or {}
-            for name in known:
-                if name not in keep:
-                    overrides.append(f"~models.{name}")
-                    if name in budgets:
-                        overrides.append(f"~pretrain.models.{name}")
+            overrides += [f"~models.{name}" for name in known if name not in keep]
         else:
             overrides.append(f"{key}={hydra_value(value)}")
     overrides = [*pool_overrides(overrides), *overrides]

@@ -110,7 +110,8 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
 
 
 def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
-    """A profile's per-model budgets (pretrain.models.<name>) go with the models a point removes."""
+    """Every preset's points, and the scaling ladder's, are valid params on every profile (a profile's
+    per-model budgets, models.<name>.pretrain, go with the models a point removes)."""
     from flows import profile as profiles
     from flows.scaling import LADDER, ladder_points
 
@@ -121,8 +122,7 @@ def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
         for preset, grid in [*PRESETS.items(), ("scaling", ladder_points(LADDER))]:
             for point in expand(grid):
                 given = [*on_profile, *point_overrides(point, params, ROOT / "params.yaml")]
-                validated = profiles.validate(ROOT, given, f"{name}/{preset}")
-                assert set(validated.pretrain.models) <= set(validated.models)
+                profiles.validate(ROOT, given, f"{name}/{preset}")
 
 
 def test_pipeline_runs_what_changed_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:

@@ -108,31 +108,30 @@ def test_a_model_can_have_its_own_pretrain_values() -> None:
     import copy
 
     raw = copy.deepcopy(DEFAULT_PARAMS)
-    raw["pretrain"]["models"] = {"decoder_clm": {"max_steps": 300, "lr": 0.002}}
+    raw["models"]["decoder_clm"]["pretrain"] = {"max_steps": 300, "lr": 0.002}
     params = parse_params(raw)
     decoder, encoder = params.pretrain_of("decoder_clm"), params.pretrain_of("encoder_mlm")
     assert (decoder.max_steps, decoder.lr) == (300, 0.002)
     assert (encoder.max_steps, encoder.lr) == (raw["pretrain"]["max_steps"], raw["pretrain"]["lr"])
-    assert decoder.models == {} and decoder.batch_size == encoder.batch_size
+    assert decoder.batch_size == encoder.batch_size
+    assert (
+        params.models["decoder_clm"].config() == parse_params(DEFAULT_PARAMS).models["decoder_clm"].config()
+    )
 
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({"nope": {"max_steps": 3}}, "pretrain.models.nope: no such model; the models are: encoder_mlm"),
-        ({"decoder_clm": {"max_stepz": 3}}, "pretrain.models.decoder_clm.max_stepz: unknown key"),
+        ({"max_stepz": 3}, "models.decoder_clm.pretrain.max_stepz: unknown key"),
         (
-            {"decoder_clm": {"max_steps": 0}},
-            "pretrain.models.decoder_clm.max_steps=0: Input should be greater than or equal to 1",
+            {"max_steps": 0},
+            "models.decoder_clm.pretrain.max_steps=0: Input should be greater than or equal to 1",
         ),
+        ({"warmup_steps": 10_000}, "models.decoder_clm.pretrain: warmup_steps (10000) must be <= max_steps"),
+        ({"models": {}}, "models.decoder_clm.pretrain.models: unknown key"),
         (
-            {"decoder_clm": {"warmup_steps": 10_000}},
-            "pretrain.models.decoder_clm: warmup_steps (10000) must be <= max_steps",
-        ),
-        ({"decoder_clm": {"models": {}}}, "pretrain.models.decoder_clm.models: unknown key"),
-        (
-            {"decoder_clm": {"seq_len": 4096}},
-            "models.decoder_clm.max_len (128) is shorter than pretrain.models.decoder_clm.seq_len (4096)",
+            {"seq_len": 4096},
+            "models.decoder_clm.max_len (128) is shorter than models.decoder_clm.pretrain.seq_len (4096)",
         ),
     ],
 )
@@ -140,7 +139,7 @@ def test_bad_pretrain_values_of_a_model_name_the_dotted_key(overrides: dict, exp
     import copy
 
     raw = copy.deepcopy(DEFAULT_PARAMS)
-    raw["pretrain"]["models"] = overrides
+    raw["models"]["decoder_clm"]["pretrain"] = overrides
     with pytest.raises(StageError) as info:
         parse_params(raw)
     assert "\n" not in str(info.value)

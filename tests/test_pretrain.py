@@ -130,9 +130,9 @@ def test_sigkilled_run_resumes_to_identical_weights(reproduced_template: Path, t
 
 
 def test_exported_model_loads_without_pickle(sample_pipeline: Workdir) -> None:
-    sample_pipeline.set("models", {"encdec_span": MODELS["encdec_span"]})
-    # the model's own step budget (pretrain.models.<name>) wins over the section's
-    budget = {"pretrain.max_steps": 500, "pretrain.models": {"encdec_span": {"max_steps": 5}}}
+    # the model's own step budget (models.<name>.pretrain) wins over the section's
+    own_budget = {**MODELS["encdec_span"], "pretrain": {"max_steps": 5}}
+    budget = {"models": {"encdec_span": own_budget}, "pretrain.max_steps": 500}
     with sample_pipeline.changed({**budget, "pretrain.warmup_steps": 0}):
         run_stages(sample_pipeline, "pretrain", "encdec_span")
     final = sample_pipeline.path / "checkpoints/encdec_span/final"

@@ -49,7 +49,7 @@ def test_ladder_and_budgets() -> None:
     }
     override, steps = budget_override(393_216, 2048, 20.0)  # 7.9 M tokens at 2,048 a step
     assert steps == math.ceil(20 * 393_216 / 2048) == 3840
-    assert override == "++pretrain.models.decoder_clm={max_steps:3840,warmup_steps:384,max_minutes:null}"
+    assert override == "++models.decoder_clm.pretrain={max_steps:3840,warmup_steps:384,max_minutes:null}"
     with pytest.raises(PipelineError, match="at least 4 sizes"):
         ladder_points([(128, 2, 2)] * 3)
     with pytest.raises(PipelineError, match="not divisible"):

@@ -32,6 +32,11 @@ class ModelParams(_Overrides):
     arch: Arch
     objective: Objective
     preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
+    # here, not in the `pretrain` section, so that `pretrain@<other>` (which depends on `pretrain`) is
+    # not made stale by this model's budget; checked against the pretrain keys by PretrainSections
+    pretrain: dict[str, Any] = Field(
+        {}, description="this model's own values of `pretrain` keys (e.g. a step budget)"
+    )
 
     @model_validator(mode="after")
     def _objective_fits_arch(self) -> ModelParams:
@@ -44,7 +49,7 @@ class ModelParams(_Overrides):
 
     def config_fields(self) -> dict[str, Any]:
         """Preset values overridden by what this variant sets."""
-        overrides = self.model_dump(exclude={"arch", "objective", "preset"}, exclude_none=True)
+        overrides = self.model_dump(exclude={"arch", "objective", "preset", "pretrain"}, exclude_none=True)
         return {**PRESETS[self.preset], **overrides}
 
     def config(self, vocab_size: int = ModelConfig.vocab_size) -> ModelConfig:

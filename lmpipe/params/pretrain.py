@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -70,9 +70,6 @@ class PretrainParams(Strict):
     num_nodes: int = Field(1, ge=1, description="nodes of a torchrun or SLURM launch (Lightning's)")
     strategy: Literal["auto", "ddp", "fsdp"] = "auto"
     compile: bool = Field(False, description="torch.compile the model and its loss")
-    models: dict[str, dict[str, Any]] = Field(
-        {}, description="per model of `models`: its own values of the keys above (e.g. a step budget)"
-    )
 
     @model_validator(mode="after")
     def _steps(self) -> PretrainParams:
@@ -93,31 +90,24 @@ class PretrainSections(ModelsSections):
     pretrain: PretrainParams = PretrainParams()
 
     def pretrain_of(self, model: str) -> PretrainParams:
-        """The pretrain section as it applies to `model`: its `pretrain.models.<model>` values on top."""
-        overrides = self.pretrain.models.get(model, {})
-        return PretrainParams.model_validate({**self.pretrain.model_dump(exclude={"models"}), **overrides})
+        """The pretrain section as it applies to `model`: its `models.<model>.pretrain` values on top."""
+        return PretrainParams.model_validate({**self.pretrain.model_dump(), **self.models[model].pretrain})
 
     @model_validator(mode="after")
     def _pretrain_overrides(self) -> PretrainSections:
-        for name, overrides in self.pretrain.models.items():
-            if name not in self.models:
-                raise ValueError(
-                    f"pretrain.models.{name}: no such model; the models are: {', '.join(self.models)}"
-                )
-            if "models" in overrides:
-                raise ValueError(f"pretrain.models.{name}.models: unknown key")
+        for name in self.models:
             try:
                 self.pretrain_of(name)
             except ValidationError as exc:
-                raise ValueError(_problems(exc, f"pretrain.models.{name}")) from None
+                raise ValueError(_problems(exc, f"models.{name}.pretrain")) from None
         return self
 
     @model_validator(mode="after")
     def _models_fit_sequences(self) -> PretrainSections:
         for name, variant in self.models.items():
             max_len, seq_len = variant.config_fields()["max_len"], self.pretrain_of(name).seq_len
-            own = "seq_len" in self.pretrain.models.get(name, {})
-            key = f"pretrain.models.{name}.seq_len" if own else "pretrain.seq_len"
+            own = "seq_len" in variant.pretrain
+            key = f"models.{name}.pretrain.seq_len" if own else "pretrain.seq_len"
             if max_len < seq_len:
                 raise ValueError(f"models.{name}.max_len ({max_len}) is shorter than {key} ({seq_len})")
         return self

@@ -317,8 +317,6 @@ def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
     x_of = (lambda frame: frame[swept[0]]) if numeric else (lambda frame: frame["point"])
     fig, axes = plt.subplots(1, len(metrics) + 1, figsize=(4 * (len(metrics) + 1), 3.4), squeeze=False)
     _plot_delta_over_scratch(axes[0][-1], table, x_of)
-    axes[0][-1].set_xlabel(swept[0] if numeric else "point")
-    axes[0][-1].tick_params(axis="x", labelrotation=0 if numeric else 30)
     for ax, metric in zip(axes[0][:-1], metrics, strict=True):
         verdict = "vs_baseline_verdict" if metric == "glue_average" else f"{metric}_vs_baseline_verdict"
         for model, frame in table.groupby("model", sort=False):
@@ -333,6 +331,7 @@ def plot_scores(table: pd.DataFrame, swept: Sequence[str]) -> bytes:
             for value in frame[metric][frame["vs_baseline_verdict"] == "baseline"]:
                 ax.axhline(value, linestyle=":", color=line[0].get_color())  # the baseline's level
         ax.set_title("GLUE average" if metric == "glue_average" else metric)
+    for ax in axes[0]:
         ax.set_xlabel(swept[0] if numeric else "point")
         ax.tick_params(axis="x", labelrotation=0 if numeric else 30)
     axes[0][0].set_ylabel("score ×100 (± std over seeds)")

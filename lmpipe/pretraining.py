@@ -120,8 +120,7 @@ def step_budget(name: str, params: PretrainSections, run: PretrainParams, flops_
         return run.max_steps
     steps = int(run.max_flops // flops_per_step)
     if steps < max(1, run.warmup_steps):
-        own = "max_flops" in params.models[name].pretrain
-        key = f"models.{name}.pretrain.max_flops" if own else "pretrain.max_flops"
+        key = params.pretrain_key(name, "max_flops")
         raise StageError(
             f"params.yaml: {key}: {run.max_flops:.3g} FLOPs buys {steps} steps of {flops_per_step:.3g} "
             f"FLOPs for {name}, fewer than warmup_steps ({run.warmup_steps}) or 1"

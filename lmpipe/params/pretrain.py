@@ -93,6 +93,10 @@ class PretrainSections(ModelsSections):
         """The pretrain section as it applies to `model`: its `models.<model>.pretrain` values on top."""
         return PretrainParams.model_validate({**self.pretrain.model_dump(), **self.models[model].pretrain})
 
+    def pretrain_key(self, model: str, key: str) -> str:
+        """The dotted key that sets `key` for `model`: its own `models.<model>.pretrain` or the section's."""
+        return f"models.{model}.pretrain.{key}" if key in self.models[model].pretrain else f"pretrain.{key}"
+
     @model_validator(mode="after")
     def _pretrain_overrides(self) -> PretrainSections:
         for name in self.models:
@@ -106,8 +110,7 @@ class PretrainSections(ModelsSections):
     def _models_fit_sequences(self) -> PretrainSections:
         for name, variant in self.models.items():
             max_len, seq_len = variant.config_fields()["max_len"], self.pretrain_of(name).seq_len
-            own = "seq_len" in variant.pretrain
-            key = f"models.{name}.pretrain.seq_len" if own else "pretrain.seq_len"
+            key = self.pretrain_key(name, "seq_len")
             if max_len < seq_len:
                 raise ValueError(f"models.{name}.max_len ({max_len}) is shorter than {key} ({seq_len})")
         return self

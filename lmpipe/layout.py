@@ -4,6 +4,7 @@ same paths (tests/test_codedeps.py checks that it does), and the flows read the 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 SAMPLE = Path("data/sample")
@@ -70,9 +71,18 @@ def hf_export(model: str) -> Path:
     return CHECKPOINTS / model / "hf"
 
 
-def resume_checkpoints(model: str) -> Path:
-    """Lightning checkpoints kept between runs, deliberately not a DVC output (see dvc.yaml)."""
-    return CHECKPOINTS / model / "resume"
+def project_root() -> Path:
+    """The project's folder: `DVC_ROOT`, which DVC sets for every stage to the repository it was started
+    in (the workspace's, also for `dvc exp run --temp`, whose temporary copy DVC deletes after the
+    run), else the current directory."""
+    return Path(os.environ.get("DVC_ROOT") or ".")
+
+
+def resume_checkpoints(model: str, run_fingerprint: str) -> Path:
+    """The Lightning checkpoints of one pretraining run until it has finished: deliberately not a DVC
+    output (see dvc.yaml), and in the project's root, so that a run interrupted in a temporary
+    experiment resumes there too; a folder per run, so that sweep points training at once keep apart."""
+    return project_root() / CHECKPOINTS / model / "resume" / run_fingerprint[:16]
 
 
 def pretrain_metrics(model: str) -> Path:

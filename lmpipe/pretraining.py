@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
@@ -46,18 +48,42 @@ def fingerprint(*parts: Any) -> str:
     return digest.hexdigest()
 
 
-def prepare_resume(resume_dir: Path, run_fingerprint: str, is_rank_zero: bool) -> Path | None:
-    """The checkpoint to resume from, if one of the same run is there; else a clean directory."""
-    stamp = resume_dir / "fingerprint"
+@contextmanager
+def resumable(resume_dir: Path, run_fingerprint: str, is_rank_zero: bool) -> Iterator[Path | None]:
+    """The checkpoint to resume from (None: from the start) if an interrupted run with this fingerprint
+    left one. Rank zero holds `resume_dir` alone while the run trains (two sweep points that pretrain
+    the same thing at once take turns) and deletes it once the run has finished; a run that fails keeps
+    it. Other DDP processes read what rank zero prepared."""
+    from filelock import FileLock, Timeout
+
+    last, stamp = resume_dir / "last.ckpt", resume_dir / "fingerprint"
     if not is_rank_zero:
-        return resume_dir / "last.ckpt" if stamp.exists() and (resume_dir / "last.ckpt").exists() else None
-    if resume_dir.exists() and (not stamp.exists() or stamp.read_text() != run_fingerprint):
-        log.info("pretrain: settings changed since the last checkpoint; starting afresh")
-        shutil.rmtree(resume_dir)
-    resume_dir.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(run_fingerprint)
-    last = resume_dir / "last.ckpt"
-    return last if last.exists() else None
+        yield last if stamp.exists() and last.exists() else None
+        return
+    resume_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(resume_dir.with_name(f"{resume_dir.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("pretrain: another process is training the same run in %s; waiting for it", resume_dir)
+        lock.acquire()
+    with lock:
+        if stamp.exists() and stamp.read_text() != run_fingerprint:  # another run's folder name
+            shutil.rmtree(resume_dir)
+        others = [p for p in resume_dir.parent.iterdir() if p.is_dir() and p != resume_dir]
+        if others:
+            size = sum(f.stat().st_size for p in others for f in p.rglob("*") if f.is_file())
+            log.info(
+                "pretrain: %s also holds %d other runs' checkpoints (%.2f GB; interrupted, or training"
+                " now): delete a folder once its run is abandoned",
+                resume_dir.parent,
+                len(others),
+                size / 1e9,
+            )
+        resume_dir.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(run_fingerprint)
+        yield last if last.exists() else None
+        shutil.rmtree(resume_dir)  # finished, its outputs written
 
 
 def export(model_cfg: Any, state: dict[str, Any], out: Path, extra: dict[str, Any]) -> None:

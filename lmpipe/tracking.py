@@ -24,10 +24,10 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from lmpipe.layout import project_root
 from lmpipe.params.schema import PARAMS_FILE, Strict, _problems, read_params_yaml
 from lmpipe.runtime import StageError
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PARENT_RUN_ENV = "LMPIPE_PARENT_RUN_ID"
 WEIGHTS_TAG = "weights_sha256"
 PREDICTIONS_TAG = "predictions_sha256"
@@ -66,11 +66,12 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def tracking_uri(repo_dir: Path | None = None) -> str:
-    """`MLFLOW_TRACKING_URI`, else the repo's SQLite store (absolute under `repo_dir` when given: the
-    stages of a flow may run in temporary copies of the workspace, `dvc exp run --temp`)."""
+    """`MLFLOW_TRACKING_URI`, else the SQLite store `mlflow.db` in `repo_dir` or in the project's root:
+    the stages of `dvc exp run --temp` (a flow's points, a profile, `dvc queue`) run in a temporary copy
+    of the workspace, which DVC deletes afterwards, and log to the workspace's store."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    return f"sqlite:///{repo_dir / 'mlflow.db'}" if repo_dir else DEFAULT_TRACKING_URI
+    return f"sqlite:///{(repo_dir or project_root()) / 'mlflow.db'}"
 
 
 def child_env(parent_run_id: str, uri: str) -> dict[str, str]:

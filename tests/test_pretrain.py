@@ -1,16 +1,19 @@
-"""pretrain@{model}: learning on real text, exact resume after SIGKILL under `dvc repro`, the exported
-model, and the failures a user can cause."""
+"""pretrain@{model}: learning on real text, exact resume after SIGKILL (of a temporary DVC experiment,
+resumed by `dvc repro`), the exported model, and the failures a user can cause."""
 
 from __future__ import annotations
 
 import csv
 import itertools
 import json
+import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -77,19 +80,37 @@ def decoder_project(template: Path, path: Path, pretrain: dict) -> Path:
     return copy_project(template, path, one_decoder)
 
 
-def logged_losses(tmp: Path) -> list[tuple[int, float]]:
+def pretrain_run(tracking_uri: str | None = None) -> str:
+    """The id of the latest pretrain@decoder_clm run in the store (the session's by default)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
-    run_id = (tmp / "checkpoints/decoder_clm/resume/mlflow_run_id").read_text().strip()
-    history = client.get_metric_history(run_id, "train/loss")
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name(DEFAULT_PARAMS["tracking"]["experiment"])
+    query = "tags.stage = 'pretrain' and tags.model = 'decoder_clm'"
+    latest = client.search_runs([experiment.experiment_id], query, order_by=["attributes.start_time DESC"])
+    return latest[0].info.run_id
+
+
+def logged_losses(tmp: Path) -> list[tuple[int, float]]:
+    """train/loss of the project's one pretrain run, in its own store."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    history = MlflowClient(uri).get_metric_history(pretrain_run(uri), "train/loss")
     return sorted((m.step, m.value) for m in history)
+
+
+def resume_file(project: Path, name: str) -> Path | None:
+    """A file of decoder_clm's unfinished run in `project`, if there is one."""
+    return next(project.glob(f"checkpoints/decoder_clm/resume/*/{name}"), None)
 
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_sigkilled_run_resumes_to_identical_weights(reproduced_template: Path, tmp_path: Path) -> None:
-    """Killed after step 15 and resumed there, with its batches built by two DataLoader workers: the
-    same weights and losses as a run straight through that built them in the training process."""
+    """Killed after step 15 in a temporary DVC experiment (a sweep point's or a profile's, whose copy of
+    the workspace is gone with it), with its batches built by two DataLoader workers, and resumed there
+    by `dvc repro`: the same weights and losses as a run straight through that built them in the
+    training process, and one MLflow run in the workspace's store."""
     settings = {"max_steps": 40, "checkpoint_every": 15, "val_every": 20, "log_every": 1, "warmup_steps": 5}
     straight = decoder_project(reproduced_template, tmp_path / "straight", settings | {"num_workers": 0})
 
@@ -98,35 +119,40 @@ def test_sigkilled_run_resumes_to_identical_weights(reproduced_template: Path, t
 
     killed = copy_project(straight, tmp_path / "killed", two_loader_workers)  # the same data, once
     sh(straight, "dvc", "repro", TARGET, MLFLOW_TRACKING_URI=None)
+    assert resume_file(straight, "fingerprint") is None  # a finished run keeps no checkpoints
 
     process = subprocess.Popen(
-        ["dvc", "repro", TARGET],
+        ["dvc", "exp", "run", "--temp", TARGET],
         cwd=killed,
         env=command_env(MLFLOW_TRACKING_URI=None),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    checkpoint = killed / "checkpoints/decoder_clm/resume/step15.ckpt"
     deadline = time.monotonic() + 300
-    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+    while resume_file(killed, "step15.ckpt") is None and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint at step 15 in 300 s"
         time.sleep(0.01)
     time.sleep(0.2)  # let the checkpoint file be written completely
     os.killpg(process.pid, signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL
-    assert not (killed / "checkpoints/decoder_clm/final").exists(), "the run ended before it was killed"
+    assert not (killed / "checkpoints/decoder_clm/final").exists()
 
     out = sh(killed, "dvc", "repro", TARGET, MLFLOW_TRACKING_URI=None)
     assert "Running stage 'pretrain@decoder_clm'" in out.stdout
+    assert "resuming from" in out.stderr
     ours = load_file(killed / "checkpoints/decoder_clm/final/model.safetensors")
     reference = load_file(straight / "checkpoints/decoder_clm/final/model.safetensors")
     assert ours.keys() == reference.keys()
     for key in ours:
         assert torch.equal(ours[key], reference[key]), key
-    assert logged_losses(killed)[-1] == logged_losses(straight)[-1]
-    assert logged_losses(killed)[-1][0] == 39  # Lightning logs train/loss at step index 0..39
+    # train/loss at step index 0..39: the killed experiment's steps and the resumed ones, in the
+    # workspace's store (the steps after the checkpoint, logged again by the resumed run, agree)
+    losses = dict(logged_losses(killed))
+    assert losses == dict(logged_losses(straight)) and sorted(losses) == list(range(40))
     result = json.loads((killed / "metrics/pretrain/decoder_clm.json").read_text())
     assert result["steps"] == 40
+    assert resume_file(killed, "last.ckpt") is None  # deleted once the run has finished
 
 
 def test_exported_model_loads_without_pickle(sample_pipeline: Workdir) -> None:
@@ -188,11 +214,13 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pip
     assert last.startswith("error: pretrain@decoder_clm: the loss became nan at step ") or last.startswith(
         "error: pretrain@decoder_clm: the loss became inf at step "
     ), last
-    assert "the last good checkpoint in checkpoints/decoder_clm/resume is kept" in last
+    kept = re.search(
+        r"the last good checkpoint in (checkpoints/decoder_clm/resume/[0-9a-f]{16}) is kept", last
+    )
+    assert kept, last
     assert "Traceback" not in result.stderr
-    assert (sample_pipeline.path / "checkpoints/decoder_clm/resume/last.ckpt").exists()
     step = int(last.split(" at step ")[1].split(";")[0])
-    saved = torch.load(sample_pipeline.path / "checkpoints/decoder_clm/resume/last.ckpt", weights_only=False)
+    saved = torch.load(sample_pipeline.path / kept[1] / "last.ckpt", weights_only=False)
     assert saved["global_step"] <= step
     assert all(math.isfinite(entry["train_loss"]) for entry in saved["loss_history"])
 
@@ -218,7 +246,7 @@ def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(sample_
     steps |= {"pretrain.checkpoint_every": 5, "pretrain.precision": "bf16-mixed"}
     steps |= {"pretrain.batch_size": 4, "pretrain.seq_len": 32, "pretrain.val_batches": 2}
     with sample_pipeline.changed(steps | {"pretrain.strategy": "ddp", "pretrain.devices": 2}):
-        killed_after(path / "checkpoints/decoder_clm/resume/step5.ckpt", sample_pipeline)
+        killed_after("step5.ckpt", sample_pipeline)
         assert not (path / "checkpoints/decoder_clm/final").exists(), "the run ended before it was killed"
         result = sample_pipeline.run("pretrain", "decoder_clm")
         micro_batch = micro_batch_flops(path, "decoder_clm")
@@ -259,9 +287,9 @@ def plots(project: Path, name: str) -> list[str]:
     return (project / f"plots/pretrain/{name}.csv").read_text().splitlines()
 
 
-def killed_after(checkpoint: Path, workdir: Workdir) -> None:
-    """`python -m stages.pretrain decoder_clm` and the processes it launched, SIGKILLed once
-    `checkpoint` is written."""
+def killed_after(checkpoint: str, workdir: Workdir) -> None:
+    """`python -m stages.pretrain decoder_clm` and the processes it launched, SIGKILLed once its run has
+    written `checkpoint`."""
     process = subprocess.Popen(
         [sys.executable, "-m", "stages.pretrain", "decoder_clm"],
         cwd=workdir.path,
@@ -271,11 +299,51 @@ def killed_after(checkpoint: Path, workdir: Workdir) -> None:
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 300
-    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+    while resume_file(workdir.path, checkpoint) is None and process.poll() is None:
+        assert time.monotonic() < deadline, f"no {checkpoint} in 300 s"
         time.sleep(0.01)
     time.sleep(0.2)  # let the checkpoint file be written completely
     os.killpg(process.pid, signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL
+
+
+def test_a_run_holds_its_checkpoint_folder_alone_and_deletes_it_once_finished(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two sweep points that pretrain the same thing at once take turns; a failed run keeps its
+    checkpoints for the next try, a finished one deletes them, other runs' folders are left alone."""
+    from lmpipe.pretraining import resumable
+
+    resume = tmp_path / "checkpoints/m/resume"
+    other = resume / "0123456789abcdef"  # an interrupted run with other settings
+    other.mkdir(parents=True)
+    (other / "last.ckpt").write_bytes(b"x" * 1000)
+    ours, fingerprint = resume / "fedcba9876543210", "fedcba9876543210" + "0" * 48
+
+    with pytest.raises(RuntimeError), resumable(ours, fingerprint, is_rank_zero=True) as ckpt:
+        assert ckpt is None
+        (ours / "last.ckpt").write_bytes(b"step 5")
+        raise RuntimeError("interrupted")
+    assert (ours / "last.ckpt").exists()  # kept: the next try resumes from it
+
+    turns: list[str] = []
+
+    def second_point() -> None:
+        with resumable(ours, fingerprint, is_rank_zero=True) as ckpt:
+            turns.append(f"second resumes from {ckpt}")
+
+    with caplog.at_level(logging.INFO, logger="lmpipe"):
+        with resumable(ours, fingerprint, is_rank_zero=True) as ckpt:
+            assert ckpt == ours / "last.ckpt"
+            waiting = threading.Thread(target=second_point)
+            waiting.start()
+            time.sleep(0.5)
+            turns.append("first finishes")
+        waiting.join(timeout=30)
+    assert turns == ["first finishes", "second resumes from None"]  # the first run's folder was deleted
+    assert "another process is training the same run" in caplog.text
+    assert "also holds 1 other runs' checkpoints" in caplog.text
+    assert not ours.exists() and (other / "last.ckpt").exists()
 
 
 @pytest.mark.parametrize("sampling", ["random", "epoch"])
@@ -345,8 +413,7 @@ def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(sample_pipe
     assert summary["steps"] == 7 and summary["stopped_by"] == "max_flops"
     assert summary["flops_per_step"] == step and summary["train_flops"] == 7 * step
     assert summary["train_flops_estimate"] == summary["train_flops"]  # 6·N·D + attention, to the FLOP
-    run_id = (path / "checkpoints/decoder_clm/resume/mlflow_run_id").read_text().strip()
-    assert MlflowClient().get_run(run_id).data.metrics["final/train_flops"] == 7 * step
+    assert MlflowClient().get_run(pretrain_run()).data.metrics["final/train_flops"] == 7 * step
 
     with sample_pipeline.changed(budget | {"pretrain.max_flops": 1.5 * step}):
         result = sample_pipeline.run("pretrain", "decoder_clm")

@@ -67,7 +67,7 @@ def resumable(resume_dir: Path, run_fingerprint: str, is_rank_zero: bool) -> Ite
     except Timeout:
         log.info("pretrain: another process is training the same run in %s; waiting for it", resume_dir)
         lock.acquire()
-    with lock:
+    try:  # not `with lock`: that would acquire it a second time, and leave it held once on exit
         if stamp.exists() and stamp.read_text() != run_fingerprint:  # another run's folder name
             shutil.rmtree(resume_dir)
         others = [p for p in resume_dir.parent.iterdir() if p.is_dir() and p != resume_dir]
@@ -84,6 +84,8 @@ def resumable(resume_dir: Path, run_fingerprint: str, is_rank_zero: bool) -> Ite
         stamp.write_text(run_fingerprint)
         yield last if last.exists() else None
         shutil.rmtree(resume_dir)  # finished, its outputs written
+    finally:
+        lock.release()
 
 
 def export(model_cfg: Any, state: dict[str, Any], out: Path, extra: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
 from lmpipe.pretraining import train_config
+from lmpipe.tracking import find_run
 from models.transformer import load_pretrained
 from tests.pipeline_helpers import run_stages
 from tests.project import command_env, copy_project, sh
@@ -80,15 +82,7 @@ def decoder_project(template: Path, path: Path, pretrain: dict) -> Path:
     return copy_project(template, path, one_decoder)
 
 
-def pretrain_run(tracking_uri: str | None = None) -> str:
-    """The id of the latest pretrain@decoder_clm run in the store (the session's by default)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    experiment = client.get_experiment_by_name(DEFAULT_PARAMS["tracking"]["experiment"])
-    query = "tags.stage = 'pretrain' and tags.model = 'decoder_clm'"
-    latest = client.search_runs([experiment.experiment_id], query, order_by=["attributes.start_time DESC"])
-    return latest[0].info.run_id
+PRETRAIN_RUN = {"stage": "pretrain", "model": "decoder_clm"}  # the tags of pretrain@decoder_clm's runs
 
 
 def logged_losses(tmp: Path) -> list[tuple[int, float]]:
@@ -96,7 +90,9 @@ def logged_losses(tmp: Path) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    history = MlflowClient(uri).get_metric_history(pretrain_run(uri), "train/loss")
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": uri}):
+        run_id = find_run(DEFAULT_PARAMS["tracking"]["experiment"], PRETRAIN_RUN)
+    history = MlflowClient(uri).get_metric_history(run_id, "train/loss")
     return sorted((m.step, m.value) for m in history)
 
 
@@ -413,7 +409,8 @@ def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(sample_pipe
     assert summary["steps"] == 7 and summary["stopped_by"] == "max_flops"
     assert summary["flops_per_step"] == step and summary["train_flops"] == 7 * step
     assert summary["train_flops_estimate"] == summary["train_flops"]  # 6·N·D + attention, to the FLOP
-    assert MlflowClient().get_run(pretrain_run()).data.metrics["final/train_flops"] == 7 * step
+    run_id = find_run(DEFAULT_PARAMS["tracking"]["experiment"], PRETRAIN_RUN)
+    assert MlflowClient().get_run(run_id).data.metrics["final/train_flops"] == 7 * step
 
     with sample_pipeline.changed(budget | {"pretrain.max_flops": 1.5 * step}):
         result = sample_pipeline.run("pretrain", "decoder_clm")

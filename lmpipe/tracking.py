@@ -205,10 +205,10 @@ def stage_run(
         mlflow.log_metric("duration_s", time.perf_counter() - started)
 
 
-def _client() -> Any:
+def _client(uri: str | None = None) -> Any:
     import mlflow
 
-    return mlflow.MlflowClient(tracking_uri())
+    return mlflow.MlflowClient(uri or tracking_uri())
 
 
 def lightning_logger(
@@ -234,9 +234,9 @@ def lightning_logger(
     return logger
 
 
-def find_run(experiment: str, tags: Mapping[str, str]) -> str | None:
-    """The latest run of `experiment` carrying all of `tags`, or None."""
-    client = _client()
+def find_run(experiment: str, tags: Mapping[str, str], uri: str | None = None) -> str | None:
+    """The latest run of `experiment` carrying all of `tags` in the store `uri` (the project's), or None."""
+    client = _client(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return None

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -90,8 +89,7 @@ def logged_losses(tmp: Path) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": uri}):
-        run_id = find_run(DEFAULT_PARAMS["tracking"]["experiment"], PRETRAIN_RUN)
+    run_id = find_run(DEFAULT_PARAMS["tracking"]["experiment"], PRETRAIN_RUN, uri)
     history = MlflowClient(uri).get_metric_history(run_id, "train/loss")
     return sorted((m.step, m.value) for m in history)
 

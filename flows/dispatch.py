@@ -12,15 +12,19 @@ A worker that dies mid-run stops sending heartbeats (`PREFECT_FLOWS_HEARTBEAT_FR
 variable in prefect.yaml); the automation of `ensure_crash_detection` marks its flow run Crashed and
 the parent runs it again on any worker of the pool, at most `retries` more times. A run that fails
 (its stage raised, or the worker refused the commit) is not retried: it would fail the same way.
+A worker killed while `dvc exp run` had its checkout changed (the params applied, HEAD detached) finds
+its run's marker the next time and resets the checkout, where it would otherwise refuse every run.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -48,6 +52,7 @@ CRASH_AUTOMATION = "lmpipe: crash flow runs without heartbeats"
 HEARTBEAT_WINDOW_S = 75  # 2.5 heartbeats of prefect.yaml's 30 s: then the worker is gone
 DISPATCH_TAG = "dispatch_s"  # on the point's MLflow run: seconds from submit to its first stage
 POLL_S = 2.0
+RUN_MARKER = Path(".dvc/tmp/lmpipe-worker-run.json")  # in a worker's checkout while a run changes it
 
 
 def git(repo_dir: Path, *args: str) -> str:
@@ -309,6 +314,54 @@ def checkout(revision: str) -> Path:
     return here
 
 
+@contextmanager
+def marked_run(here: Path) -> Iterator[None]:
+    """Marks the checkout `here` (clean at this point) as changed by this process until the block ends.
+    `dvc exp run --temp` applies the params to the checkout itself, detaches HEAD and stages them
+    before it copies the run away; a SIGKILL in that window leaves them behind, and the marker is how
+    the next run tells them from edits of the machine's owner."""
+    marker = here / RUN_MARKER
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    head = subprocess.run(["git", "symbolic-ref", "-q", "HEAD"], cwd=here, capture_output=True, text=True)
+    record = {"pid": os.getpid(), "head": head.stdout.strip() or git(here, "rev-parse", "HEAD")}
+    marker.write_text(json.dumps(record))
+    try:
+        yield
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def reset_interrupted_run(here: Path) -> str | None:
+    """Resets the checkout `here` to its HEAD (and HEAD to the branch it was on) when a marked run's
+    process died without unmarking it; returns what it did, or None when there was nothing to do. A
+    marked run whose process lives (a worker started with `--limit` above 1) is left alone."""
+    marker = here / RUN_MARKER
+    if not marker.exists():
+        return None
+    record = json.loads(marker.read_text())
+    if process_alive(record["pid"]):
+        return None
+    git(here, "reset", "-q", "--hard")
+    head = record["head"]
+    if head.startswith("refs/heads/") and git(here, "rev-parse", head) == git(here, "rev-parse", "HEAD"):
+        git(here, "symbolic-ref", "HEAD", head)
+    marker.unlink()
+    return (
+        f"worker {worker_name()}: the run of process {record['pid']} died while it had {here} changed; "
+        f"reset it to {head.removeprefix('refs/heads/')}"
+    )
+
+
 def experiment_on_worker(
     experiment: str,
     overrides: Sequence[str],
@@ -325,6 +378,8 @@ def experiment_on_worker(
     """What a dispatched point or stage does on its worker; returns the stages that ran. With
     `tag_parent` (a point: its own MLflow run) the worker and its dispatch time go on the parent run."""
     logger = get_run_logger()
+    if reset := reset_interrupted_run(Path.cwd()):
+        logger.warning(reset)
     here = checkout(revision)
     remote = ["--remote", dvc_remote] if dvc_remote else []
     # the run history of every machine, so that stages another one ran are restored, not re-run
@@ -340,7 +395,8 @@ def experiment_on_worker(
         client = mlflow.MlflowClient(uri)
         client.set_tag(parent_run_id, "worker", worker_name())
         client.set_tag(parent_run_id, DISPATCH_TAG, f"{waited:.1f}")
-    output = dvc_checked(here, *exp_run(experiment, overrides, targets, pull=True), env=env)
+    with marked_run(here):
+        output = dvc_checked(here, *exp_run(experiment, overrides, targets, pull=True), env=env)
     ran = stages_ran(output)
     logger.info("%s: ran %s", experiment, ", ".join(ran) or "nothing (all cached)")
     dvc_checked(here, "exp", "push", "--force", "--run-cache", *remote, git_remote, experiment)

@@ -23,8 +23,8 @@ import yaml
 from dvc.utils.hydra import apply_overrides
 
 from flows.common import PipelineError
-from flows.dispatch import Refused, checked_in, checkout, params_diff
-from tests.project import TWO_KEY_SWEEP, copy_project, dvc_stages, sh
+from flows.dispatch import Refused, checked_in, checkout, marked_run, params_diff, reset_interrupted_run
+from tests.project import TWO_KEY_SWEEP, command_env, copy_project, dvc_stages, sh
 from tests.services import (
     BIN,
     free_port,
@@ -253,6 +253,57 @@ def test_workers_run_only_the_pushed_commit(
     ):
         checkout(head)
     assert checkout(sh(clone, "git", "rev-parse", "HEAD").stdout.strip()) == clone
+
+
+# `dvc exp run` killed right after it applied the params to the checkout: the window in which a
+# machine failure once left a CI worker's checkout changed, so that it refused every later run
+KILLED_MID_EXP_RUN = """
+import os, signal
+from pathlib import Path
+from dvc.cli import main
+from dvc.repo.experiments.queue.base import BaseStashQueue
+from flows.dispatch import marked_run
+
+BaseStashQueue._stash_commit_deps = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+with marked_run(Path.cwd()):
+    main(["exp", "run", "--temp", "-S", "pretrain.lr=0.5", "pack"])
+"""
+
+
+def test_a_worker_resets_what_a_killed_run_left_in_its_checkout_and_nothing_else(
+    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(site.root / "origin.git"), str(clone)], check=True)
+    head = sh(clone, "git", "rev-parse", "HEAD").stdout.strip()
+    monkeypatch.chdir(clone)
+    monkeypatch.setenv("PREFECT__WORKER_NAME", "w9")
+
+    killed = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MID_EXP_RUN], env=command_env(PYTHONPATH=str(clone))
+    )
+    assert killed.wait(timeout=120) == -9
+    assert sh(clone, "git", "status", "--porcelain", "--untracked-files=no").stdout.startswith(
+        "M  params.yaml"
+    )
+    assert sh(clone, "git", "symbolic-ref", "-q", "HEAD", check=False).returncode == 1  # detached
+    with pytest.raises(Refused, match=r"has uncommitted changes \(M  params.yaml\)$"):
+        checkout(head)
+
+    assert reset_interrupted_run(clone) == (
+        f"worker w9: the run of process {killed.pid} died while it had {clone} changed; reset it to main"
+    )
+    assert checkout(head) == clone
+    assert sh(clone, "git", "symbolic-ref", "HEAD").stdout.strip() == "refs/heads/main"
+    assert reset_interrupted_run(clone) is None  # the marker went with the reset
+
+    # the owner's edits, and a run in progress (a live process's marker), are not the worker's to undo
+    (clone / "params.yaml").write_text((clone / "params.yaml").read_text() + "\n# edited\n")
+    assert reset_interrupted_run(clone) is None
+    with marked_run(clone):
+        assert reset_interrupted_run(clone) is None
+    with pytest.raises(Refused, match=r"has uncommitted changes \(M params.yaml\)$"):
+        checkout(head)
 
 
 @pytest.mark.slow

@@ -3,7 +3,9 @@
 `data/tokens/{train,val}.bin` hold every document's ids followed by EOS, back to back (uint16 when the
 vocabulary fits, else uint32; read them with `np.memmap(path, dtype=meta["dtype"])`), and `meta.json`
 records vocab size, dtype, token and document counts and the tokenizer's hash. Documents go to train
-or val by a seeded permutation.
+or val by a seeded permutation. `pack.repeat` upsamples an ingest source in the training tokens (a
+source's copies; its validation documents stay once), and `meta.json` gives each source's training
+documents and tokens, counted once, so its share of the mix can be read off.
 
 Each clean shard is encoded on its own into `data/.pack-work/` (whole or not at all), in this process on
 every core, on a process per core for a large corpus, or on a Dask cluster (`cluster.scheduler`); a
@@ -57,6 +59,7 @@ def main() -> None:
                 "tokenizer_sha256": tok_meta["sha256"],
                 "seed": params.seed,
                 "val_fraction": cfg.val_fraction,
+                "repeat": cfg.repeat,
                 "synthetic": manifest["synthetic"],
                 **counts,
             }
@@ -71,6 +74,15 @@ def main() -> None:
             counts["val"]["documents"],
             meta["dtype"],
         )
+        for source, tally in counts["sources"].items():
+            times = cfg.repeat.get(source, 1)
+            log.info(
+                "pack: source %s: %d training tokens ×%d, %.1f %% of train",
+                source,
+                tally["tokens"],
+                times,
+                100 * tally["tokens"] * times / counts["train"]["tokens"],
+            )
 
 
 if __name__ == "__main__":

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import sentencepiece as spm
 
 from lmpipe.data.packing import token_dtype, val_mask
+from lmpipe.layout import clean_shards
 from lmpipe.runtime import StageError
 from tests.pipeline_helpers import clean_texts, run_stages
+from tests.texts import prose
+from tests.workdir import Workdir
 
 
 @pytest.fixture(params=["sample_pipeline", "real_pipeline"])
@@ -65,3 +70,48 @@ def test_val_mask_and_dtype() -> None:
     with pytest.raises(StageError, match="a train/val split needs at least 2"):
         val_mask(1, 0.5, 0)
     assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
+
+
+def documents(workdir: Workdir, split: str) -> Counter[str]:
+    meta, arrays = shards(workdir)
+    sp = spm.SentencePieceProcessor(model_file=str(workdir.path / "data/tokenizer/spm.model"))
+    ids = np.asarray(arrays[split])
+    ends = np.flatnonzero(ids == meta["eos_id"])
+    return Counter(sp.decode(part.tolist()) for part in np.split(ids, ends + 1)[:-1])
+
+
+def test_a_repeated_source_is_copied_into_the_training_tokens_only(tmp_path) -> None:
+    workdir = Workdir(tmp_path)
+    run_stages(workdir, "sample")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    for i in range(6):
+        (extra / f"{i}.txt").write_text("\n\n".join(prose(100 * i + j, 120) for j in range(5)))
+    sample = workdir.params["ingest"]["sources"]["sample"]
+    workdir.sources(sample=sample, extra={"path": "extra", "include": ["*.txt"], "split_by": "paragraphs"})
+    run_stages(workdir, "ingest", "clean", "tokenizer", "pack")
+    once_meta, _ = shards(workdir)
+    once = {split: documents(workdir, split) for split in ("train", "val")}
+
+    workdir.set("pack.repeat", {"extra": 3})
+    run_stages(workdir, "pack")
+    meta, _ = shards(workdir)
+    sources = meta["sources"]
+    assert meta["repeat"] == {"extra": 3} and sources == once_meta["sources"]  # counted once
+    assert set(sources) == {"sample", "extra"} and sources["extra"]["documents"] > 0
+    assert sum(s["documents"] for s in sources.values()) == meta["train"]["documents"]
+    assert sum(s["tokens"] for s in sources.values()) == once_meta["train"]["tokens"]
+    assert meta["train"]["tokens"] == once_meta["train"]["tokens"] + 2 * sources["extra"]["tokens"]
+    assert meta["val"] == once_meta["val"] and documents(workdir, "val") == once["val"]
+    train = documents(workdir, "train")
+    copied = train - once["train"]
+    assert sum(copied.values()) == 2 * sources["extra"]["documents"]
+    assert all(train[doc] == 3 * once["train"][doc] for doc in copied)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "data/tokenizer/spm.model"))
+    clean = [
+        row
+        for shard in clean_shards(tmp_path / "data/clean")
+        for row in pq.read_table(shard, columns=["text", "source"]).to_pylist()
+    ]
+    extra_texts = {sp.decode(sp.encode(row["text"])) for row in clean if row["source"] == "extra"}
+    assert set(copied) == extra_texts - set(once["val"])

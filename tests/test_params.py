@@ -29,6 +29,7 @@ def test_repository_params_are_valid() -> None:
         ),
         ("clean.near_dedup.threshold", 0, "clean.near_dedup.threshold=0: Input should be greater than 0"),
         ("ingest.encoding_errors", "ignore", "ingest.encoding_errors='ignore'"),
+        ("pack.repeat", {"sample": 0}, "pack.repeat.sample=0: Input should be greater than or equal to 1"),
     ],
 )
 def test_bad_value_names_the_dotted_key(dotted: str, value: object, expected: str) -> None:
@@ -79,6 +80,12 @@ def test_conflicting_options_are_rejected() -> None:
         parse_params(raw)
     raw["hub"] = {"c4": {"dataset": "allenai/c4", "revision": "0" * 40, "max_documents": 10}}
     with pytest.raises(StageError, match=r"hub.c4: 'max_documents' streams one split: give 'split'"):
+        parse_params(raw)
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["pack"]["repeat"] = {"glue_text": 20}
+    with pytest.raises(
+        StageError, match=r"pack.repeat.glue_text: no ingest source 'glue_text' \(ingest.sources: sample\)"
+    ):
         parse_params(raw)
     raw = copy.deepcopy(DEFAULT_PARAMS)
     raw["glue"]["source"] = "hub"

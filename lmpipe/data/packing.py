@@ -90,6 +90,7 @@ class Job:
     threads: int  # encoding threads in a task: every core in this process, one in a pool's worker
     batch_documents: int
     work: str  # absolute: workers on a cluster run elsewhere
+    repeat: dict[str, int]  # a source's copies in train.bin (pack.repeat); others once
 
     def folder(self, shard: Shard) -> Path:
         return Path(self.work) / f"{shard.index:06d}"
@@ -100,26 +101,30 @@ def _processor(model_file: str) -> spm.SentencePieceProcessor:
     return spm.SentencePieceProcessor(model_file=model_file)
 
 
-def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict[str, dict[str, int]]:
+def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict:
     """A shard's tokens by split (each document's `is_val` flag) into the work folder, whole or not at
-    all. SentencePiece releases the GIL while it encodes, so small batches on a thread pool keep every
-    core busy, also while another thread turns ids into arrays."""
+    all, and its training documents and tokens by source (each counted once). A repeated source's
+    training documents follow the shard's tokens again, `repeat - 1` more times, so that a sequential
+    pass meets a copy a shard later, not straight after the original. SentencePiece releases the GIL
+    while it encodes, so small batches on a thread pool keep every core busy, also while another
+    thread turns ids into arrays."""
     shard, is_val = task
     folder = job.folder(shard)
     if folder.exists():  # finished by an earlier, interrupted run
         return json.loads((folder / "counts.json").read_text())
     encode = partial(encode_batch, _processor(job.model_file), np.dtype(job.dtype))
     counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
+    sources: dict[str, dict[str, int]] = {}
+    copies: list[tuple[np.ndarray, int]] = []  # a repeated training document's ids, and its repeat
     start = 0
     with pq.ParquetFile(shard.path) as table_file, atomic_dir(folder) as tmp:
-        batches = (
-            b.column(0).to_pylist()
-            for b in table_file.iter_batches(
-                batch_size=job.batch_documents, row_groups=[shard.row_group], columns=["text"]
-            )
+        batches = table_file.iter_batches(
+            batch_size=job.batch_documents, row_groups=[shard.row_group], columns=["text", "source"]
         )
+        columns = ((b.column(0).to_pylist(), b.column(1).to_pylist()) for b in batches)
+        encoded = ordered_map(lambda c: (encode(c[0]), c[1]), columns, job.threads)
         with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
-            for ids, lengths in ordered_map(encode, batches, job.threads):
+            for (ids, lengths), doc_sources in encoded:
                 doc_is_val = is_val[start : start + len(lengths)]
                 start += len(lengths)
                 token_is_val = np.repeat(doc_is_val, lengths)
@@ -131,15 +136,32 @@ def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict[str, dict[str
                     chosen.tofile(handle)
                     counts[split]["documents"] += int(docs.sum())
                     counts[split]["tokens"] += len(chosen)
+                ends = np.cumsum(lengths)
+                for doc, (source, end, length) in enumerate(zip(doc_sources, ends, lengths, strict=True)):
+                    if doc_is_val[doc]:
+                        continue
+                    tally = sources.setdefault(source, {"documents": 0, "tokens": 0})
+                    tally["documents"] += 1
+                    tally["tokens"] += int(length)
+                    if job.repeat.get(source, 1) > 1:
+                        copies.append((ids[end - length : end], job.repeat[source]))
+            for copy in range(1, max((times for _, times in copies), default=1)):
+                for doc_ids, times in copies:
+                    if times > copy:
+                        doc_ids.tofile(train)
+                        counts["train"]["tokens"] += len(doc_ids)
+        counts["sources"] = sources
         (tmp / "counts.json").write_text(json.dumps(counts))
     return counts
 
 
 def pack(
     documents: list[Path], model_file: Path, cfg: PackParams, seed: int, scheduler: str | None, out_dir: Path
-) -> dict[str, dict[str, int]]:
+) -> dict:
     """Every shard encoded into the work folder (in this process on all cores, on a process pool for a
-    large corpus, or on a Dask cluster), then the shards' tokens concatenated in corpus order."""
+    large corpus, or on a Dask cluster), then the shards' tokens concatenated in corpus order. Returns
+    each split's documents and tokens (train's tokens with the repeated sources' copies), and the
+    training documents and tokens of each source, counted once."""
     vocab_size = _processor(str(model_file.resolve())).get_piece_size()
     shards = resume.shards_of(documents)
     n_docs = sum(s.rows for s in shards)
@@ -148,14 +170,17 @@ def pack(
     spread = scheduler is not None or n_docs > POOL_DOCS  # a pool's start-up costs more on less
     workers, threads = (cores, 1) if spread else (1, cores)
     dtype = token_dtype(vocab_size).name
-    job = Job(str(model_file.resolve()), dtype, threads, cfg.batch_documents, str(PACK_WORK.resolve()))
+    job = Job(
+        str(model_file.resolve()), dtype, threads, cfg.batch_documents, str(PACK_WORK.resolve()), cfg.repeat
+    )
     resume.prepare(
         PACK_WORK, resume.fingerprint([cfg.model_dump(), seed], [*documents, model_file], "stages.pack")
     )
     done = sum(job.folder(s).exists() for s in shards)
     if done:
         log.info("pack: resuming: %d of %d shards were encoded by an interrupted run", done, len(shards))
-    counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
+    counts: dict = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
+    sources: dict[str, dict[str, int]] = {}
     meter = Meter("pack", total_docs=n_docs)
     tasks = [(s, is_val[s.offset : s.offset + s.rows]) for s in shards]
     results = shard_map(partial(encode_shard, job), tasks, workers, scheduler, "pack")
@@ -163,6 +188,10 @@ def pack(
         for split in SPLITS:
             for key in ("documents", "tokens"):
                 counts[split][key] += shard_counts[split][key]
+        for source, tally in shard_counts["sources"].items():
+            total = sources.setdefault(source, {"documents": 0, "tokens": 0})
+            for key in ("documents", "tokens"):
+                total[key] += tally[key]
         meter.update(docs=shard.rows)
     meter.close()
     for split in SPLITS:
@@ -170,4 +199,5 @@ def pack(
             for shard in shards:
                 with open(job.folder(shard) / f"{split}.bin", "rb") as part:
                     shutil.copyfileobj(part, out, 16 << 20)
+    counts["sources"] = dict(sorted(sources.items()))
     return counts

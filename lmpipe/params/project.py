@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, model_validator
 
 from lmpipe.params.clean import CleanParams
 from lmpipe.params.cluster import ClusterParams
@@ -35,6 +35,16 @@ class Params(PretrainSections, FinetuneSections):
     clean: CleanParams = CleanParams()
     tokenizer: TokenizerParams = TokenizerParams()
     pack: PackParams = PackParams()
+
+    @model_validator(mode="after")
+    def _repeated_sources_are_ingested(self) -> Params:
+        for source in self.pack.repeat:
+            if source not in self.ingest.sources:
+                raise ValueError(
+                    f"pack.repeat.{source}: no ingest source '{source}' "
+                    f"(ingest.sources: {', '.join(self.ingest.sources)})"
+                )
+        return self
 
 
 def parse_params(raw: Any, origin: str = str(PARAMS_FILE)) -> Params:

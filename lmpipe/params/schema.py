@@ -55,9 +55,6 @@ def _input_path(path: str) -> str:
 InputPath = Annotated[str, Field(min_length=1), AfterValidator(_input_path)]
 
 
-InputPath = Annotated[str, Field(min_length=1), AfterValidator(_input_path)]
-
-
 def _describe(error: dict[str, Any]) -> str:
     key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"])
     key = key.removeprefix(".")

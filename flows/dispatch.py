@@ -44,6 +44,7 @@ from flows.common import (
     stages_ran,
 )
 from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
+from lmpipe.runtime import write_json
 from lmpipe.tracking import child_env
 
 CHECKOUT_ENV = "LMPIPE_CHECKOUT"  # the worker's checkout; prefect.yaml's pull step moves there
@@ -324,7 +325,7 @@ def marked_run(here: Path) -> Iterator[None]:
     marker.parent.mkdir(parents=True, exist_ok=True)
     head = subprocess.run(["git", "symbolic-ref", "-q", "HEAD"], cwd=here, capture_output=True, text=True)
     record = {"pid": os.getpid(), "head": head.stdout.strip() or git(here, "rev-parse", "HEAD")}
-    marker.write_text(json.dumps(record))
+    write_json(marker, record)  # whole or not at all: a SIGKILL may come at any time
     try:
         yield
     finally:

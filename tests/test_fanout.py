@@ -231,16 +231,26 @@ def test_a_pooled_sweep_survives_a_killed_worker_reports_a_failed_point_and_comp
     print(summary)  # the dispatch figures the README quotes (pytest -s)
 
 
+def worker_clone(site: Site, tmp_path: Path) -> tuple[Path, str]:
+    """A fresh clone of the git remote, as a worker's checkout, and its HEAD."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(site.root / "origin.git"), str(clone)], check=True)
+    return clone, sh(clone, "git", "rev-parse", "HEAD").stdout.strip()
+
+
+def edit_params(clone: Path) -> None:
+    """An uncommitted edit of the kind an owner makes."""
+    (clone / "params.yaml").write_text((clone / "params.yaml").read_text() + "\n# edited\n")
+
+
 def test_workers_run_only_the_pushed_commit(
     site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The parent refuses uncommitted or unpushed work; a worker refuses a commit it is not at."""
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(site.root / "origin.git"), str(clone)], check=True)
-    head = sh(clone, "git", "rev-parse", "HEAD").stdout.strip()
+    clone, head = worker_clone(site, tmp_path)
     assert checked_in(clone, "origin") == head
 
-    (clone / "params.yaml").write_text((clone / "params.yaml").read_text() + "\n# edited\n")
+    edit_params(clone)
     with pytest.raises(PipelineError, match=r"^--pool: .* has uncommitted changes \(M params.yaml\)"):
         checked_in(clone, "origin")
     sh(clone, "git", "commit", "-qam", "local only")
@@ -273,9 +283,7 @@ with marked_run(Path.cwd()):
 def test_a_worker_resets_what_a_killed_run_left_in_its_checkout_and_nothing_else(
     site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(site.root / "origin.git"), str(clone)], check=True)
-    head = sh(clone, "git", "rev-parse", "HEAD").stdout.strip()
+    clone, head = worker_clone(site, tmp_path)
     monkeypatch.chdir(clone)
     monkeypatch.setenv("PREFECT__WORKER_NAME", "w9")
 
@@ -298,7 +306,7 @@ def test_a_worker_resets_what_a_killed_run_left_in_its_checkout_and_nothing_else
     assert reset_interrupted_run(clone) is None  # the marker went with the reset
 
     # the owner's edits, and a run in progress (a live process's marker), are not the worker's to undo
-    (clone / "params.yaml").write_text((clone / "params.yaml").read_text() + "\n# edited\n")
+    edit_params(clone)
     assert reset_interrupted_run(clone) is None
     with marked_run(clone):
         assert reset_interrupted_run(clone) is None

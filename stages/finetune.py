@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
             f"params.yaml: glue.tasks: '{args.task}' is not among them ({', '.join(params.glue.tasks)})"
         )
     task, variant = TASKS[args.task], params.models[name]
-    recipe, common = params.finetune.tasks[task.name], params.finetune.common
+    recipe, common = params.recipe_of(name, task.name), params.finetune.common
     stage = finetune_stage(name, task.name, init)
     tok = tokenizer_meta()
     if init == "pretrained":
@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     common = common.model_copy(update={"precision": resolve_precision(common.precision, target)})
     logged_params = {
         f"models.{name}": variant.model_dump(exclude_none=True),
+        # the recipe as it trains: the task's, with this model's own values (also logged) on top
         f"finetune.tasks.{task.name}": recipe.model_dump(),
+        **{f"finetune.models.{name}.{k}": v for k, v in params.finetune.models.get(name, {}).items()},
         "finetune.common": common.model_dump(),
         "init": init,
         "train_rows": len(data.train),
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
                     losses = finetune(head, data.train_ids, train_labels, cfg)
                 except NonFiniteLoss as exc:
                     raise StageError(
-                        f"{stage} seed {seed}: {exc}; lower finetune.tasks.{task.name}.lr"
+                        f"{stage} seed {seed}: {exc}; lower {params.recipe_key(name, task.name, 'lr')}"
                     ) from None
                 run.log_series("train_loss", losses)
                 eval_losses = predict_splits(head, data, common, tmp / f"seed{seed}")

@@ -238,3 +238,22 @@ def test_nothing_imports_a_stage_but_to_run_it() -> None:
                     if other:
                         offences.append(f"{relative}:{other[0]}: uses {name} other than {name}.main")
     assert offences == []
+
+
+def test_a_model_s_own_finetune_values_leave_the_pretraining_cached(reproduced: Path) -> None:
+    """`finetune.models.<name>` (a model's own fine-tuning lr, say) re-runs fine-tunes, never a
+    pretraining."""
+    params = reproduced / "params.yaml"
+    original = params.read_text()
+    raw = yaml.safe_load(original)
+    raw["finetune"]["models"] = {next(iter(raw["models"])): {"lr": 3.0e-4}}
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    try:
+        changed = changed_deps(reproduced)
+    finally:
+        params.write_text(original)
+    stale = {stage.split(":")[-1] for stage, deps in changed.items() if deps}
+    fine_tunes = ("finetune", "finetune_scratch")
+    expected = {name for name in dvc_stages(reproduced) if name.split("@")[0] in fine_tunes}
+    assert stale == expected and expected
+    assert all(deps == {"params.yaml": {"finetune.models": "modified"}} for deps in changed.values())

@@ -183,6 +183,38 @@ def test_a_model_pretrained_on_another_tokenizer_is_refused(tuned: Workdir) -> N
     assert (out(tuned, "pretrained") / "summary.json").read_bytes() == before  # no partial output
 
 
+def test_a_model_can_have_its_own_recipe_values(tuned: Workdir) -> None:
+    import shutil
+
+    import mlflow
+
+    own = {
+        **OVERRIDES,
+        "models": {"enc": MODEL, "enc_own": MODEL},
+        "finetune.models": {"enc_own": {"epochs": 2, "lr": 3.0e-4}},
+    }
+    try:
+        with tuned.changed(own):
+            finetune(tuned, "enc_own", "stsb", "--init", "scratch")
+            summary = json.loads((tuned.path / "data/finetune/enc_own/stsb/scratch/summary.json").read_text())
+            assert summary["train_rows"] == 64 and summary["steps"] == 4  # 2 epochs of 2 batches
+            runs = mlflow.search_runs(
+                experiment_names=["lmpipe"], filter_string="tags.model = 'enc_own'", output_format="list"
+            )
+            assert sorted(run.data.tags["seed"] for run in runs) == ["1", "2"]
+            for run in runs:  # the recipe as it trained, and where its values came from
+                logged = run.data.params
+                assert logged["finetune.tasks.stsb.epochs"] == "2"
+                assert logged["finetune.tasks.stsb.lr"] == "0.0003"
+                assert logged["finetune.tasks.stsb.max_train_rows"] == "64"
+                assert logged["finetune.models.enc_own.lr"] == "0.0003"
+            diverging, advice = {"finetune.models.enc_own.lr": 1.0e30}, r"lower finetune.models.enc_own.lr$"
+            with tuned.changed(diverging), pytest.raises(StageError, match=advice):
+                finetune(tuned, "enc_own", "stsb", "--init", "scratch")
+    finally:
+        shutil.rmtree(tuned.path / "data/finetune/enc_own", ignore_errors=True)
+
+
 def test_bad_names_and_params_are_one_line(tuned: Workdir) -> None:
     with tuned.changed(OVERRIDES):
         result = tuned.run("finetune", "nosuch", "stsb")
@@ -206,6 +238,7 @@ BAD_PARAMS = [
     ({"finetune.tasks.sts": {}}, r"'sts' is not a GLUE task; the tasks are: cola, sst2"),
     ({"finetune.seeds": [1, 1]}, r"finetune.seeds.*seeds must be distinct"),
     ({"finetune.common.precision": "16-mixed"}, r"finetune.common.precision='16-mixed': Input should be"),
+    ({"finetune.models": {"enc": {"lr": -1}}}, r"finetune.models.enc.lr=-1: Input should be greater than 0"),
 ]
 
 

@@ -153,6 +153,48 @@ def test_bad_pretrain_values_of_a_model_name_the_dotted_key(overrides: dict, exp
     assert expected in str(info.value)
 
 
+def test_a_model_can_have_its_own_finetune_values() -> None:
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["finetune"]["models"] = {"decoder_clm": {"lr": 3.0e-4, "epochs": 2}}
+    params = parse_params(raw)
+    for task, recipe in raw["finetune"]["tasks"].items():
+        own, other = params.recipe_of("decoder_clm", task), params.recipe_of("encoder_mlm", task)
+        assert (own.lr, own.epochs) == (3.0e-4, 2)
+        assert (other.lr, other.epochs) == (recipe["lr"], recipe["epochs"])
+        assert own.max_len == other.max_len == recipe["max_len"]
+    assert params.recipe_key("decoder_clm", "sst2", "lr") == "finetune.models.decoder_clm.lr"
+    assert params.recipe_key("decoder_clm", "sst2", "max_len") == "finetune.tasks.sst2.max_len"
+    assert params.recipe_key("encoder_mlm", "sst2", "lr") == "finetune.tasks.sst2.lr"
+
+
+@pytest.mark.parametrize(
+    ("models", "expected"),
+    [
+        ({"decoder_clm": {"lrr": 3.0e-4}}, "finetune.models.decoder_clm.lrr: unknown key"),
+        ({"decoder_clm": {"lr": 0}}, "finetune.models.decoder_clm.lr=0: Input should be greater than 0"),
+        (
+            {"decoder": {"lr": 3.0e-4}},
+            "finetune.models.decoder: no such model; the models are: encoder_mlm, decoder_clm, encdec_span",
+        ),
+        (
+            {"decoder_clm": {"max_len": 4096}},
+            "finetune.models.decoder_clm.max_len (4096) is longer than models.decoder_clm.max_len (128)",
+        ),
+    ],
+)
+def test_bad_finetune_values_of_a_model_name_the_dotted_key(models: dict, expected: str) -> None:
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["finetune"]["models"] = models
+    with pytest.raises(StageError) as info:
+        parse_params(raw)
+    assert "\n" not in str(info.value)
+    assert expected in str(info.value)
+
+
 def test_fsdp_on_the_cpu_is_refused_before_a_run_starts() -> None:
     import copy
 

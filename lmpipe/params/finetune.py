@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from lmpipe.glue.tasks import TASKS
 from lmpipe.params.glue import GlueParams
 from lmpipe.params.models import ModelsSections
-from lmpipe.params.schema import Fraction, Seed, Strict
+from lmpipe.params.schema import Fraction, Seed, Strict, _problems
 
 
 class FinetuneTaskParams(Strict):
@@ -47,6 +47,11 @@ class FinetuneParams(Strict):
     seeds: list[Seed] = Field([1, 2, 3], min_length=1)
     common: FinetuneCommonParams = FinetuneCommonParams()
     tasks: dict[str, FinetuneTaskParams] = {}
+    # here, not under `models.<name>`, so that a fine-tuning change leaves `pretrain@<name>` (which
+    # depends on the whole `models.<name>`) cached; checked against the task keys by FinetuneSections
+    models: dict[str, dict[str, Any]] = Field(
+        {}, description="a model's own values of `finetune.tasks` keys, for every task (e.g. its lr)"
+    )
 
     @field_validator("seeds")
     @classmethod
@@ -70,17 +75,39 @@ class FinetuneSections(ModelsSections):
     glue: GlueParams = GlueParams(path="data/sample/glue", synthetic=True)
     finetune: FinetuneParams = FinetuneParams()
 
+    def recipe_of(self, model: str, task: str) -> FinetuneTaskParams:
+        """The recipe of `task` as it applies to `model`: its `finetune.models.<model>` values on top."""
+        own = self.finetune.models.get(model, {})
+        return FinetuneTaskParams.model_validate({**self.finetune.tasks[task].model_dump(), **own})
+
+    def recipe_key(self, model: str, task: str, key: str) -> str:
+        """The dotted key that sets `key` of `task` for `model`: its own `finetune.models.<model>` or the
+        task's."""
+        own = self.finetune.models.get(model, {})
+        return f"finetune.models.{model}.{key}" if key in own else f"finetune.tasks.{task}.{key}"
+
+    @model_validator(mode="after")
+    def _model_recipes(self) -> FinetuneSections:
+        for model, own in self.finetune.models.items():
+            if model not in self.models:
+                known = ", ".join(self.models) or "(none)"
+                raise ValueError(f"finetune.models.{model}: no such model; the models are: {known}")
+            try:
+                FinetuneTaskParams.model_validate({**FinetuneTaskParams().model_dump(), **own})
+            except ValidationError as exc:
+                raise ValueError(_problems(exc, f"finetune.models.{model}")) from None
+        return self
+
     @model_validator(mode="after")
     def _tasks_have_recipes(self) -> FinetuneSections:
         for i, name in enumerate(self.glue.tasks):
-            recipe = self.finetune.tasks.get(name)
-            if recipe is None:
+            if name not in self.finetune.tasks:
                 raise ValueError(f"finetune.tasks.{name}: required, glue.tasks[{i}] is '{name}'")
             for model, variant in self.models.items():
-                max_len = variant.config_fields()["max_len"]
+                max_len, recipe = variant.config_fields()["max_len"], self.recipe_of(model, name)
                 if recipe.max_len > max_len:
                     raise ValueError(
-                        f"finetune.tasks.{name}.max_len ({recipe.max_len}) is longer than "
+                        f"{self.recipe_key(model, name, 'max_len')} ({recipe.max_len}) is longer than "
                         f"models.{model}.max_len ({max_len})"
                     )
         return self

@@ -152,7 +152,11 @@ def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_
                 raise PipelineError(
                     f"grid key 'models': {params_file} has no model {unknown[0]!r} (has {known})"
                 )
-            overrides += [f"~models.{name}" for name in known if name not in keep]
+            dropped = [name for name in known if name not in keep]
+            # a dropped model's own fine-tuning values go with it (finetune.models names only models)
+            own_recipes = (params.get("finetune") or {}).get("models") or {}
+            overrides += [f"~models.{name}" for name in dropped]
+            overrides += [f"~finetune.models.{name}" for name in dropped if name in own_recipes]
         else:
             overrides.append(f"{key}={hydra_value(value)}")
     overrides = [*pool_overrides(overrides), *overrides]

@@ -65,6 +65,21 @@ def test_graph_is_dvcs_own(project: Path) -> None:
         select(nodes, ["pretrian"])
 
 
+def test_a_point_drops_the_own_fine_tuning_values_of_the_models_it_drops() -> None:
+    """A profile's `finetune.models.encdec_span` must not break a point that trains another model."""
+    from flows import profile as profiles
+
+    on_profile = ["++finetune.models.encdec_span.lr=0.0003"]
+    params = profiles.applied(ROOT, on_profile, "test")
+    encoder = point_overrides({"models": "encoder_mlm"}, params, ROOT / "params.yaml")
+    assert encoder == ["~models.decoder_clm", "~models.encdec_span", "~finetune.models.encdec_span"]
+    assert profiles.validate(ROOT, [*on_profile, *encoder], "test").finetune.models == {}
+    encdec = point_overrides({"models": "encdec_span"}, params, ROOT / "params.yaml")
+    assert encdec == ["~models.encoder_mlm", "~models.decoder_clm"]
+    kept = profiles.validate(ROOT, [*on_profile, *encdec], "test")
+    assert kept.recipe_of("encdec_span", "sst2").lr == 3.0e-4
+
+
 def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     points = {name: expand(grid) for name, grid in PRESETS.items()}
     assert [p["objectives.mlm.mask_rate"] for p in points["masking_rate"]] == [0.10, 0.15, 0.20, 0.25, 0.40]

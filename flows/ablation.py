@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -62,15 +63,17 @@ PRESETS: dict[str, dict[str, list[Any]] | list[dict[str, Any]]] = {
     "architecture": {MODELS_KEY: ["encoder_mlm", "decoder_clm", "encdec_span"]},
     "span_density": {MODELS_KEY: ["encdec_span"], "objectives.span.noise_density": [0.10, 0.15, 0.25, 0.50]},
 }
-# the point every other point of a preset is compared with (BERT's 15 % and 80/10/10, T5's 15 %)
+# the point every other point of a preset is compared with (BERT's 15 % and 80/10/10, T5's 15 % and
+# encoder-decoder)
 BASELINES: dict[str, dict[str, Any]] = {
     "masking_rate": {f"{MLM}.mask_rate": 0.15},
     "mask_split": {f"{MLM}.mask_fraction": 0.8},
-    "architecture": {MODELS_KEY: "encoder_mlm"},
+    "architecture": {MODELS_KEY: "encdec_span"},  # T5's ★: the encoder-decoder with denoising
     "span_density": {"objectives.span.noise_density": 0.15},
 }
 # the seeds' tables: what the paper measured for a point against its baseline row, in GLUE average
-# points (BERT's Table 5 masking rates and its 100 % [MASK] ablation; T5's corruption rates)
+# points (BERT's Table 5 masking rates and its 100 % [MASK] ablation; T5's architectures and corruption
+# rates)
 PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
     "masking_rate": [
         ({f"{MLM}.mask_rate": 0.10}, 79.3 - 80.5, "BERT, Table 5"),
@@ -78,6 +81,7 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
         ({f"{MLM}.mask_rate": 0.25}, 79.6 - 80.5, "BERT, Table 5"),
     ],
     "mask_split": [({f"{MLM}.mask_fraction": 1.0}, 78.9 - 80.5, "BERT, 100 % [MASK]")],
+    "architecture": [({MODELS_KEY: "decoder_clm"}, 73.78 - 83.28, "T5, Table 2 (decoder-only LM)")],
     "span_density": [
         ({"objectives.span.noise_density": 0.10}, 82.82 - 83.28, "T5, corruption rate"),
         ({"objectives.span.noise_density": 0.25}, 83.00 - 83.28, "T5, corruption rate"),
@@ -235,25 +239,52 @@ def task_columns(table: pd.DataFrame) -> list[str]:
     return [c[: -len("_vs_baseline_verdict")] for c in table.columns if c.endswith("_vs_baseline_verdict")]
 
 
-def power_lines(table: pd.DataFrame, preset: str | None) -> list[str]:
-    """For each within-noise point that the preset's paper measured: what this sweep could detect
-    against the paper's effect, and how many times the dev examples would detect that effect (an
-    interval narrows with the square root of the examples it resamples)."""
+def power_lines(table: pd.DataFrame, preset: str | None, seeds: int) -> list[str]:
+    """For each within-noise point that the preset's paper measured: what this sweep detects against the
+    paper's effect, and what would detect it. The bootstrap's detectable effect holds the dev examples'
+    error with the fine-tuning seeds fixed; each point's seeds add their variance over `seeds` runs (the
+    measured std over seeds of the GLUE average, a normal approximation). Seeds can resolve the effect
+    when the dev examples alone detect it; otherwise only more dev examples (an interval narrows with
+    the square root of the examples it resamples) or a larger effect."""
+    from lmpipe.report.significance import Z_DETECTABLE
+
+    base = table.loc[table["vs_baseline_verdict"] == "baseline", "glue_average_std"]
+    base_std = float(base.iloc[0]) if len(base) else float("nan")
     lines = []
     for row in table.to_dict("records"):
         for values, effect, source in PAPER_EFFECTS.get(preset or "", []):
-            matches = all(key in row and np.isclose(row[key], value) for key, value in values.items())
+            matches = all(key in row and _same(row[key], value) for key, value in values.items())
             if not matches or row["vs_baseline_verdict"] != "within noise":
                 continue
-            detectable, size = row["vs_baseline_detectable"], abs(effect)
+            size, dev_only, std = abs(effect), row["vs_baseline_detectable"], row["glue_average_std"]
+            # detectable² = dev_only² + seed_term / seeds: the seeds' term is their variance, both points'
+            seed_term = Z_DETECTABLE**2 * (std**2 + base_std**2) if seeds > 1 else float("nan")
             said = f"- `{row['experiment']}`: {source} measured {effect:+.1f}; this comparison detects "
-            said += f"±{detectable:.2f}"
+            if np.isfinite(seed_term):
+                detectable = math.sqrt(dev_only**2 + seed_term / seeds)
+                said += f"±{detectable:.2f} (±{dev_only:.2f} from the dev examples, and the seeds' std: "
+                said += f"{std:.2f} here, {base_std:.2f} at the baseline, over {seeds} seeds)"
+            else:
+                seed_term, detectable = 0.0, dev_only
+                said += f"±{dev_only:.2f} (the dev examples'; no seed spread measured)"
             if detectable <= size:
                 lines.append(f"{said}, so an effect of the paper's size would have shown 80 % of the time.")
+            elif dev_only < size:
+                needed = math.ceil(seed_term / (size**2 - dev_only**2))
+                lines.append(f"{said}: about {needed} seeds per point would detect {size:.1f}.")
             else:
-                factor = (detectable / size) ** 2
-                lines.append(f"{said}: about {factor:.1f}× the dev examples would detect {size:.1f}.")
+                lines.append(
+                    f"{said}: the dev examples alone miss {size:.1f} at any number of seeds; about "
+                    f"{(dev_only / size) ** 2:.1f}× the dev examples would detect it, or a budget at which "
+                    "the effect is larger."
+                )
     return lines
+
+
+def _same(found: Any, wanted: Any) -> bool:
+    if isinstance(wanted, int | float) and not isinstance(wanted, bool):
+        return isinstance(found, int | float) and bool(np.isclose(found, wanted))
+    return found == wanted
 
 
 def markdown(
@@ -264,6 +295,7 @@ def markdown(
     baseline: Point,
     compute: str | None = None,
     preset: str | None = None,
+    seeds: int = 1,
 ) -> str:
     from lmpipe.report.significance import METHOD
 
@@ -296,7 +328,7 @@ def markdown(
     for row in table.to_dict("records"):
         cells = [_interval(row, f"{t}_vs_baseline") for t in tasks]
         lines.append(f"| {row['experiment']} | {row['model']} | " + " | ".join(cells) + " |")
-    power = power_lines(table, preset)
+    power = power_lines(table, preset, seeds)
     if power:
         lines += ["", "Within noise, against the paper (80 % power, 95 % intervals):", "", *power]
     return header + "\n" + "\n".join(lines) + "\n"
@@ -458,7 +490,8 @@ def ablation(
     table = comparison(points, results, swept, points[base], int(sweep.params.get("seed", 0)))
     if len(table):
         synthetic = validated[0].glue.synthetic
-        report = markdown(table, sweep.name, swept, synthetic, points[base], compute, preset)
+        seeds = len(validated[base].finetune.seeds)
+        report = markdown(table, sweep.name, swept, synthetic, points[base], compute, preset, seeds)
         report += sweep.where_points_ran(points, results, failed)
         files = {
             "comparison.csv": table.to_csv(index=False),

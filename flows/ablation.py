@@ -91,6 +91,7 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
 # spends on its step budget (T5 compares objectives and architectures that way)
 EQUAL_FLOPS = {"architecture"}
+INITS = ("pretrained", "scratch")
 
 
 def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -219,6 +220,54 @@ def comparison(
     return pd.DataFrame(rows)
 
 
+def best_of_each_init(
+    points: Sequence[Point], results: Mapping[int, dict[str, Any]], seed: int
+) -> pd.DataFrame:
+    """For a sweep of fine-tuning values: each model's pretrained init at its best point against its
+    scratch init at its best (by GLUE average), a paired bootstrap over the same dev examples and
+    seeds. One shared recipe can favour one init: a pretrained init may want a higher learning rate
+    than a random one. Both picks are made on the dev sets they are scored on, alike for both inits."""
+    from lmpipe.report.glue import read_aligned
+    from lmpipe.report.significance import compare
+
+    done = [point for point in points if point.index in results]
+    models = dict.fromkeys(model for point in done for model in results[point.index]["glue"])
+    rows = []
+    for model in models:
+        having = [point for point in done if model in results[point.index]["glue"]]
+        best = {
+            init: max(having, key=lambda point: results[point.index]["glue"][model][init]["average"])
+            for init in INITS
+        }
+        pretrained, labels, idx = read_aligned(results[best["pretrained"].index]["predictions"])
+        scratch, _, scratch_idx = read_aligned(results[best["scratch"].index]["predictions"])
+        row: dict[str, Any] = {"model": model}
+        for init, point in best.items():
+            row[f"{init}_experiment"] = point.experiment
+            row[f"{init}_average"] = results[point.index]["glue"][model][init]["average"]
+        if all(key in scratch_idx and np.array_equal(idx[key], scratch_idx[key]) for key in labels):
+            found = compare(pretrained[(model, "pretrained")], scratch[(model, "scratch")], labels, seed)
+            average = found["average"]
+            row.update(delta=average.delta, delta_low=average.low, delta_high=average.high)
+            row.update(delta_verdict=average.verdict, delta_detectable=average.detectable)
+        else:
+            row.update(dict.fromkeys(("delta", "delta_low", "delta_high", "delta_detectable"), float("nan")))
+            row["delta_verdict"] = "not comparable (other dev examples)"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def best_of_each_init_lines(best: pd.DataFrame) -> list[str]:
+    lines = [
+        "| model | pretrained: best point | scratch: best point | Δ pretrained − scratch |",
+        "|---|---|---|---|",
+    ]
+    for row in best.to_dict("records"):
+        picks = [f"`{row[f'{init}_experiment']}`: {row[f'{init}_average']:.2f}" for init in INITS]
+        lines.append("| " + " | ".join([row["model"], *picks, _interval(row, "delta")]) + " |")
+    return lines
+
+
 def _only_model(runs: Mapping[tuple[str, str], Any]) -> str | None:
     models = {model for model, _ in runs}
     return next(iter(models)) if len(models) == 1 else None
@@ -296,6 +345,7 @@ def markdown(
     compute: str | None = None,
     preset: str | None = None,
     seeds: int = 1,
+    best: pd.DataFrame | None = None,
 ) -> str:
     from lmpipe.report.significance import METHOD
 
@@ -331,6 +381,9 @@ def markdown(
     power = power_lines(table, preset, seeds)
     if power:
         lines += ["", "Within noise, against the paper (80 % power, 95 % intervals):", "", *power]
+    if best is not None and len(best):
+        said = "Each init at its best point (a fine-tuning sweep: one shared recipe can favour one init):"
+        lines += ["", said, "", *best_of_each_init_lines(best)]
     return header + "\n" + "\n".join(lines) + "\n"
 
 
@@ -491,7 +544,10 @@ def ablation(
     if len(table):
         synthetic = validated[0].glue.synthetic
         seeds = len(validated[base].finetune.seeds)
-        report = markdown(table, sweep.name, swept, synthetic, points[base], compute, preset, seeds)
+        # where only fine-tuning values vary, each init's best point is a comparison of its own
+        finetuning = bool(swept) and all(key.startswith("finetune.") for key in swept)
+        best = best_of_each_init(points, results, int(sweep.params.get("seed", 0))) if finetuning else None
+        report = markdown(table, sweep.name, swept, synthetic, points[base], compute, preset, seeds, best)
         report += sweep.where_points_ran(points, results, failed)
         files = {
             "comparison.csv": table.to_csv(index=False),
@@ -499,6 +555,8 @@ def ablation(
             "glue.png": plot_scores(table, swept),
             "pretrain_loss.png": plot_losses(points, results, swept),
         }
+        if best is not None:
+            files["best_of_each_init.csv"] = best.to_csv(index=False)
         sweep.publish(files, "comparison.md", "ablation-comparison")
         logger.info("comparison of %d points: %s\n%s", table["experiment"].nunique(), sweep.out, report)
     sweep.close({}, failed)

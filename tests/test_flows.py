@@ -373,6 +373,56 @@ def test_within_noise_points_are_read_against_the_papers_effect_size() -> None:
     ]
 
 
+def test_a_fine_tuning_sweep_compares_each_init_at_its_best_point() -> None:
+    """Two fine-tuning rates: the first suits scratch (80 % against 70 %), the second the pretrained init
+    (90 % against 60 %); each init's best point, paired over the same 100 SST-2 dev examples."""
+    from flows.ablation import best_of_each_init, best_of_each_init_lines
+    from flows.sweep import Point
+
+    labels = [0, 1] * 51  # the last test scores one point on examples 1-100
+
+    def predictions(correct: dict[str, int], idx: range = range(100)) -> pd.DataFrame:
+        """Each init right on its first `correct[init]` examples, the same for its three seeds."""
+        rows = [
+            {
+                "model": "encoder_mlm",
+                "init": init,
+                "evaluation": "sst2",
+                "seed": seed,
+                "idx": i,
+                "label": labels[i],
+                "prediction": labels[i] if i < right else 1 - labels[i],
+            }
+            for init, right in correct.items()
+            for seed in (1, 2, 3)
+            for i in idx
+        ]
+        return pd.DataFrame(rows)
+
+    def result(pretrained: int, scratch: int, idx: range = range(100)) -> dict:
+        glue = {"encoder_mlm": {"pretrained": {"average": pretrained}, "scratch": {"average": scratch}}}
+        return {"glue": glue, "predictions": predictions({"pretrained": pretrained, "scratch": scratch}, idx)}
+
+    points = [
+        Point(i, f"lr-{i + 1}", {"finetune.tasks.sst2.lr": lr}, [], f"run{i}")
+        for i, lr in enumerate([1e-4, 3e-4])
+    ]
+    best = best_of_each_init(points, {0: result(70, 80), 1: result(90, 60)}, seed=0)
+    [row] = best.to_dict("records")
+    assert (row["pretrained_experiment"], row["scratch_experiment"]) == ("lr-2", "lr-1")
+    assert row["delta"] == pytest.approx(10.0)  # 90 % against 80 %: ten examples only the first gets right
+    assert row["delta_low"] > 0 and row["delta_verdict"] == "better"
+    [header, _, line] = best_of_each_init_lines(best)
+    assert header == "| model | pretrained: best point | scratch: best point | Δ pretrained − scratch |"
+    assert line.startswith("| encoder_mlm | `lr-2`: 90.00 | `lr-1`: 80.00 | +10.00 [") and line.endswith(
+        "**better** |"
+    )
+
+    # picks scored on other dev examples are not paired
+    apart = best_of_each_init(points, {0: result(70, 80, range(1, 101)), 1: result(90, 60)}, seed=0)
+    assert apart["delta_verdict"].tolist() == ["not comparable (other dev examples)"]
+
+
 def test_the_sweep_plot_shows_each_points_delta_over_scratch_with_its_interval() -> None:
     import matplotlib
 

@@ -540,13 +540,14 @@ def ablation(
         metrics["duration_s"] = results[point.index]["seconds"]
         sweep.finish_point(point, metrics, {k: text(v) for k, v in point.values.items()})
 
-    table = comparison(points, results, swept, points[base], int(sweep.params.get("seed", 0)))
+    seed = int(sweep.params.get("seed", 0))
+    table = comparison(points, results, swept, points[base], seed)
     if len(table):
         synthetic = validated[0].glue.synthetic
         seeds = len(validated[base].finetune.seeds)
         # where only fine-tuning values vary, each init's best point is a comparison of its own
         finetuning = bool(swept) and all(key.startswith("finetune.") for key in swept)
-        best = best_of_each_init(points, results, int(sweep.params.get("seed", 0))) if finetuning else None
+        best = best_of_each_init(points, results, seed) if finetuning else None
         report = markdown(table, sweep.name, swept, synthetic, points[base], compute, preset, seeds, best)
         report += sweep.where_points_ran(points, results, failed)
         files = {

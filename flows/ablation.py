@@ -141,15 +141,21 @@ def baseline_index(
     wanted = baseline if baseline is not None else BASELINES.get(preset or "")
     if not wanted:
         return 0
-    matches = [
-        i
-        for i, point in enumerate(values)
-        if all(json.dumps(point.get(k)) == json.dumps(v) for k, v in wanted.items())
-    ]
+    matches = [i for i, point in enumerate(values) if has_values(point, wanted)]
     if len(matches) != 1:
         found = "no point" if not matches else f"{len(matches)} points"
         raise PipelineError(f"baseline {json.dumps(wanted)}: {found} of the grid match it (need exactly one)")
     return matches[0]
+
+
+def has_values(point: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether a point (or a comparison row) holds each of `wanted`'s values."""
+    return all(json.dumps(point.get(key)) == json.dumps(value) for key, value in wanted.items())
+
+
+def same_examples(idx: Mapping[str, Any], other: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """Whether two evaluations scored the same dev examples of every task in `labels` (a pairing)."""
+    return all(key in other and np.array_equal(idx[key], other[key]) for key in labels)
 
 
 def comparison(
@@ -191,9 +197,7 @@ def comparison(
             row["delta_average_verdict"] = scores["verdict"]["average"]
             row["delta_average_detectable"] = scores["delta_detectable"]["average"]
             against = model if (model, "pretrained") in base_runs else _only_model(base_runs)
-            comparable = against is not None and all(
-                key in base_idx and np.array_equal(idx[key], base_idx[key]) for key in labels
-            )
+            comparable = against is not None and same_examples(idx, base_idx, labels)
             if not base_runs:
                 status = "baseline point failed"
             elif point.index == baseline.index and against == model:
@@ -245,7 +249,7 @@ def best_of_each_init(
         for init, point in best.items():
             row[f"{init}_experiment"] = point.experiment
             row[f"{init}_average"] = results[point.index]["glue"][model][init]["average"]
-        if all(key in scratch_idx and np.array_equal(idx[key], scratch_idx[key]) for key in labels):
+        if same_examples(idx, scratch_idx, labels):
             found = compare(pretrained[(model, "pretrained")], scratch[(model, "scratch")], labels, seed)
             average = found["average"]
             row.update(delta=average.delta, delta_low=average.low, delta_high=average.high)
@@ -302,8 +306,7 @@ def power_lines(table: pd.DataFrame, preset: str | None, seeds: int) -> list[str
     lines = []
     for row in table.to_dict("records"):
         for values, effect, source in PAPER_EFFECTS.get(preset or "", []):
-            matches = all(key in row and _same(row[key], value) for key, value in values.items())
-            if not matches or row["vs_baseline_verdict"] != "within noise":
+            if not has_values(row, values) or row["vs_baseline_verdict"] != "within noise":
                 continue
             size, dev_only, std = abs(effect), row["vs_baseline_detectable"], row["glue_average_std"]
             # detectable² = dev_only² + seed_term / seeds: the seeds' term is their variance, both points'
@@ -328,12 +331,6 @@ def power_lines(table: pd.DataFrame, preset: str | None, seeds: int) -> list[str
                     "the effect is larger."
                 )
     return lines
-
-
-def _same(found: Any, wanted: Any) -> bool:
-    if isinstance(wanted, int | float) and not isinstance(wanted, bool):
-        return isinstance(found, int | float) and bool(np.isclose(found, wanted))
-    return found == wanted
 
 
 def markdown(

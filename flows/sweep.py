@@ -139,9 +139,11 @@ def command_line(
 # --- points --------------------------------------------------------------------------------------
 
 
-def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_file: Path) -> list[str]:
+def point_overrides(
+    point: Mapping[str, Any], params: Mapping[str, Any], params_file: Path, origin: str | None = None
+) -> list[str]:
     """A point as DVC's -S overrides; `models` keeps only the named variants (the rest are deleted).
-    `params`: what the point starts from (params.yaml, a profile applied)."""
+    `params`: what the point starts from (params.yaml, a profile applied: `origin` names it)."""
     overrides = []
     for key, value in point.items():
         if key == MODELS_KEY:
@@ -159,9 +161,32 @@ def point_overrides(point: Mapping[str, Any], params: Mapping[str, Any], params_
             overrides += [f"~finetune.models.{name}" for name in dropped if name in own_recipes]
         else:
             overrides.append(f"{key}={hydra_value(value)}")
+    check_not_shadowed(point, params, origin or str(params_file))
     overrides = [*pool_overrides(overrides), *overrides]
     check_overrides(params_file.parent, overrides)
     return overrides
+
+
+def check_not_shadowed(point: Mapping[str, Any], params: Mapping[str, Any], origin: str) -> None:
+    """A `pretrain.<key>` of the point must reach every model it trains: one whose own
+    `models.<name>.pretrain` sets that key would train unchanged, and the sweep would read a row of
+    noise as the key's effect."""
+    models = params.get(MODELS_KEY) or {}
+    kept = point.get(MODELS_KEY, list(models))
+    keys = [key.lstrip("+") for key in point]
+    for key in point:
+        section, _, field = key.lstrip("+").partition(".")
+        if section != "pretrain" or not field:
+            continue
+        field = field.split(".")[0]
+        for name in [kept] if isinstance(kept, str) else kept:
+            own = (models.get(name) or {}).get("pretrain") or {}
+            if field in own and not any(k.startswith(f"models.{name}.pretrain") for k in keys):
+                raise PipelineError(
+                    f"grid key '{key}': {origin} sets models.{name}.pretrain.{field} ({own[field]}), "
+                    f"which wins for {name}: sweep 'models.{name}.pretrain.{field}' too, or leave "
+                    f"{name} out of the point"
+                )
 
 
 def text(value: Any) -> str:
@@ -283,7 +308,7 @@ class Sweep:
 
     def overrides(self, point: Mapping[str, Any]) -> list[str]:
         """A point's overrides on the profile's."""
-        return [*self.on_profile, *point_overrides(point, self.params, self.params_file)]
+        return [*self.on_profile, *point_overrides(point, self.params, self.params_file, self.origin)]
 
     def validate(self, overrides: Sequence[str]) -> Params:
         """A point's params as its stages will read them; a bad key or value is one line."""

@@ -80,6 +80,28 @@ def test_a_point_drops_the_own_fine_tuning_values_of_the_models_it_drops() -> No
     assert kept.recipe_of("encdec_span", "sst2").lr == 3.0e-4
 
 
+def test_a_pretrain_key_a_model_sets_for_itself_is_not_swept_for_the_section() -> None:
+    """On a profile whose decoder has its own step budget, a sweep of `pretrain.max_steps` would leave
+    the decoder unchanged: rejected, unless the point sets the decoder's own key or leaves it out."""
+    from flows import profile as profiles
+
+    params = profiles.applied(ROOT, ["++models.decoder_clm.pretrain.max_steps=1700"], "profile real-cpu")
+    with pytest.raises(PipelineError) as caught:
+        point_overrides({"pretrain.max_steps": 6800}, params, ROOT / "params.yaml", "profile real-cpu")
+    assert str(caught.value) == (
+        "grid key 'pretrain.max_steps': profile real-cpu sets models.decoder_clm.pretrain.max_steps "
+        "(1700), which wins for decoder_clm: sweep 'models.decoder_clm.pretrain.max_steps' too, or "
+        "leave decoder_clm out of the point"
+    )
+    encoder_only = {"models": "encoder_mlm", "pretrain.max_steps": 6800}
+    assert point_overrides(encoder_only, params, ROOT / "params.yaml")[-1] == "pretrain.max_steps=6800"
+    both = {"pretrain.max_steps": 6800, "++models.decoder_clm.pretrain.max_steps": 3400}
+    swept = point_overrides(both, params, ROOT / "params.yaml")
+    assert swept[-1] == "++models.decoder_clm.pretrain.max_steps=3400"
+    # a key the decoder does not set for itself reaches it
+    assert point_overrides({"pretrain.lr": 3e-4}, params, ROOT / "params.yaml") == ["pretrain.lr=0.0003"]
+
+
 def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     points = {name: expand(grid) for name, grid in PRESETS.items()}
     assert [p["objectives.mlm.mask_rate"] for p in points["masking_rate"]] == [0.10, 0.15, 0.20, 0.25, 0.40]

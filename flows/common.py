@@ -137,6 +137,22 @@ def dvc_checked(repo_dir: Path, *args: str, env: Mapping[str, str] | None = None
     return result.stdout + result.stderr
 
 
+def drop_finished_run(repo_dir: Path, experiment: str) -> bool:
+    """Remove HEAD's experiment `experiment`, which an earlier run finished (`dvc exp run --name`
+    refuses a name HEAD already has); run again, its stages come back from the run cache. Whether it
+    was there. An experiment of that name on another commit does not clash and stays."""
+    from dvc.repo.experiments.refs import ExpRefInfo
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=repo_dir, capture_output=True, text=True)
+
+    ref = str(ExpRefInfo(baseline_sha=git("rev-parse", "HEAD").stdout.strip(), name=experiment))
+    if git("show-ref", "--verify", "--quiet", ref).returncode != 0:
+        return False
+    dvc_checked(repo_dir, "exp", "remove", ref)
+    return True
+
+
 def exp_run(
     experiment: str, overrides: Sequence[str], targets: Sequence[str] = (), pull: bool = False
 ) -> list[str]:

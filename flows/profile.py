@@ -30,6 +30,7 @@ from flows.common import (
     FlowFailed,
     PipelineError,
     cli,
+    drop_finished_run,
     exp_run,
     hydra_value,
     pool_overrides,
@@ -178,6 +179,8 @@ def run(
         name, {"stage": "profile", "profile": profile, "dvc_experiment": name, "git_commit": git_commit()}
     )
     tracking.log(parent, {}, {"overrides": " ".join(given)})
+    if drop_finished_run(repo_dir, name):
+        print(f"profile {profile}: {name} finished before; again from the run cache", flush=True)
     command = [sys.executable, "-m", "dvc", *exp_run(name, given)]
     env = stage_env(child_env(parent, tracking.uri))
     print(f"profile {profile}: dvc experiment {name}", flush=True)

@@ -40,6 +40,7 @@ from flows.common import (
     PipelineError,
     check_overrides,
     cli,
+    drop_finished_run,
     dvc,
     error_line,
     exp_run,
@@ -343,6 +344,9 @@ class Sweep:
         points = []
         for index, (values, overrides, point_tags) in enumerate(planned, start=1):
             experiment = f"{self.name}-{index}"
+            # a point an earlier run of this sweep finished (a pool's points are pulled with --force)
+            if not pool and drop_finished_run(self.repo_dir, experiment):
+                get_run_logger().info("%s: finished by an earlier run; again from the run cache", experiment)
             child_tags = {"stage": "ablation_point", "sweep": self.name, "dvc_experiment": experiment}
             child_tags |= {"point": index, **point_tags}
             run_id = self.tracking.start(experiment, child_tags, parent=self.parent)

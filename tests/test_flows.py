@@ -25,7 +25,7 @@ from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand
 from flows.common import PipelineError
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
-from tests.project import copy_project, dvc_stages, make_project, sh
+from tests.project import TWO_KEY_SWEEP, copy_project, dvc_stages, make_project, sh
 from tests.services import BIN, free_port, prefect, prefect_env, prefect_server, start, stop
 from tests.workdir import DEFAULT_PARAMS, ROOT
 
@@ -531,3 +531,26 @@ def test_a_sweep_of_two_keys(swept_template: Path) -> None:
         assert all(run.data.tags["dvc_experiment"] == point.data.tags["dvc_experiment"] for run in stages)
         evaluated = by_stage["evaluate"].data.metrics["encoder_mlm.pretrained.average"]
         assert evaluated == pytest.approx(row["glue_average"])  # the table is what the stage logged
+
+
+def test_a_sweep_run_again_by_its_name_goes_on_from_the_run_cache(
+    swept_template: Path, tmp_path: Path
+) -> None:
+    """The sweep `grid` run again under its name, as after an interruption: the points the first run
+    finished (DVC refuses an experiment name HEAD already has) come back from the run cache, and the
+    comparison is the first run's."""
+    project = copy_project(swept_template, tmp_path / "project")
+    first = pd.read_csv(project / "reports/ablation/grid/comparison.csv")
+    again = sh(
+        project,
+        *[sys.executable, "-m", "flows.ablation", "--grid", json.dumps(TWO_KEY_SWEEP), "--name", "grid"],
+        MLFLOW_TRACKING_URI=None,
+        PREFECT_API_URL=None,
+        PREFECT_HOME=str(tmp_path / "prefect"),
+    )
+    log = again.stdout + again.stderr
+    assert "grid-1: finished by an earlier run" in log and "grid-2: finished by an earlier run" in log
+    assert log.count("ran nothing (all cached)") == 2
+    table = pd.read_csv(project / "reports/ablation/grid/comparison.csv")
+    columns = ["experiment", "glue_average", "stsb", "delta_average", "vs_baseline_verdict"]
+    pd.testing.assert_frame_equal(table[columns], first[columns])

@@ -138,9 +138,9 @@ def dvc_checked(repo_dir: Path, *args: str, env: Mapping[str, str] | None = None
 
 
 def drop_finished_run(repo_dir: Path, experiment: str) -> bool:
-    """Remove HEAD's experiment `experiment`, which an earlier run finished (`dvc exp run --name`
-    refuses a name HEAD already has); run again, its stages come back from the run cache. Whether it
-    was there. An experiment of that name on another commit does not clash and stays."""
+    """Remove HEAD's experiment `experiment` if an earlier run finished one (`dvc exp run --name`
+    refuses a name HEAD already has), and say whether it did; run again, its stages come back from
+    the run cache. An experiment of that name on another commit does not clash and stays."""
     from dvc.repo.experiments.refs import ExpRefInfo
 
     def git(*args: str) -> subprocess.CompletedProcess[str]:

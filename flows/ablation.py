@@ -218,6 +218,7 @@ def comparison(
                 row[f"{prefix}_detectable"] = found.detectable if found else float("nan")
             pretrain = results[point.index]["pretrain"][model]
             row["pretrain_steps"], row["train_flops"] = pretrain["steps"], pretrain["train_flops"]
+            row["parameters"] = pretrain["parameters"]  # T5's table sets 2P (encoder-decoder) against P
             curve = results[point.index]["curves"][model]["train_loss"].dropna()
             row["final_train_loss"] = float(curve.iloc[-1]) if len(curve) else float("nan")
             rows.append(row)
@@ -360,14 +361,15 @@ def markdown(
     if synthetic:
         header += "\n> **Synthetic data** (offline default profile): shows the pipeline, not the papers.\n"
     columns = ["experiment", *swept, "model", "GLUE average", *tasks, "Δ vs scratch", "Δ vs baseline"]
-    columns += ["pretrain steps", "pretrain FLOPs", "final train loss"]
+    columns += ["parameters", "pretrain steps", "pretrain FLOPs", "final train loss"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in table.to_dict("records"):
         cells = [row["experiment"], *(str(row[k]) for k in swept), row["model"]]
         cells += [f"{row['glue_average']:.2f} ± {row['glue_average_std']:.2f}"]
         cells += [f"{row[t]:.2f} ± {row[f'{t}_std']:.2f}" for t in tasks]
         cells += [_interval(row, "delta_average")]
-        cells += [_interval(row, "vs_baseline"), f"{row['pretrain_steps']}", f"{row['train_flops']:.3g}"]
+        cells += [_interval(row, "vs_baseline"), f"{row['parameters'] / 1e6:.2f} M"]
+        cells += [f"{row['pretrain_steps']}", f"{row['train_flops']:.3g}"]
         cells += [f"{row['final_train_loss']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Per task, Δ vs baseline:", ""]

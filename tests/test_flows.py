@@ -492,9 +492,11 @@ def test_a_sweep_of_two_keys(swept_template: Path) -> None:
     assert (table["vs_baseline_low"][1:] <= table["vs_baseline"][1:]).all()
     assert set(table["delta_average_verdict"]) <= {"better", "worse", "within noise"}
     assert {"glue_average_std", "stsb_std", "stsb_vs_baseline_verdict"} <= set(table.columns)
-    assert "Δ vs baseline" in (project / "reports/ablation/grid/comparison.md").read_text()
+    report = (project / "reports/ablation/grid/comparison.md").read_text()
+    assert "Δ vs baseline" in report and "| parameters |" in report
     # FLOPs per point: at the same steps, masking 30 % runs the LM head on more positions than 10 %
     assert len(set(table["pretrain_steps"])) == 1
+    assert len(set(table["parameters"])) == 1 and table["parameters"].min() > 0  # one model, two objectives
     assert (table["train_flops"][table["objectives.mlm.mask_rate"] == 0.3] > table["train_flops"].min()).all()
     for name in ("comparison.md", "glue.png", "pretrain_loss.png"):
         assert (project / "reports/ablation/grid" / name).stat().st_size > 0

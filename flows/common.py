@@ -137,17 +137,21 @@ def dvc_checked(repo_dir: Path, *args: str, env: Mapping[str, str] | None = None
     return result.stdout + result.stderr
 
 
+def git(repo_dir: Path, *args: str) -> str:
+    result = subprocess.run(["git", *args], cwd=repo_dir, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise PipelineError(f"git {' '.join(args)} in {repo_dir}: {last_line(result.stderr)}")
+    return result.stdout.strip()
+
+
 def drop_finished_run(repo_dir: Path, experiment: str) -> bool:
     """Remove HEAD's experiment `experiment` if an earlier run finished one (`dvc exp run --name`
     refuses a name HEAD already has), and say whether it did; run again, its stages come back from
     the run cache. An experiment of that name on another commit does not clash and stays."""
     from dvc.repo.experiments.refs import ExpRefInfo
 
-    def git(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["git", *args], cwd=repo_dir, capture_output=True, text=True)
-
-    ref = str(ExpRefInfo(baseline_sha=git("rev-parse", "HEAD").stdout.strip(), name=experiment))
-    if git("show-ref", "--verify", "--quiet", ref).returncode != 0:
+    ref = str(ExpRefInfo(baseline_sha=git(repo_dir, "rev-parse", "HEAD"), name=experiment))
+    if not git(repo_dir, "for-each-ref", ref):
         return False
     dvc_checked(repo_dir, "exp", "remove", ref)
     return True

@@ -39,6 +39,7 @@ from flows.common import (
     dvc,
     dvc_checked,
     exp_run,
+    git,
     hydra_value,
     last_line,
     stages_ran,
@@ -54,13 +55,6 @@ HEARTBEAT_WINDOW_S = 75  # 2.5 heartbeats of prefect.yaml's 30 s: then the worke
 DISPATCH_TAG = "dispatch_s"  # on the point's MLflow run: seconds from submit to its first stage
 POLL_S = 2.0
 RUN_MARKER = Path(".dvc/tmp/lmpipe-worker-run.json")  # in a worker's checkout while a run changes it
-
-
-def git(repo_dir: Path, *args: str) -> str:
-    result = subprocess.run(["git", *args], cwd=repo_dir, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise PipelineError(f"git {' '.join(args)} in {repo_dir}: {last_line(result.stderr)}")
-    return result.stdout.strip()
 
 
 # what may differ from the commit: params.yaml travels as overrides (`params_diff`), dvc.lock is the

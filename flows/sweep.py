@@ -145,11 +145,12 @@ def point_overrides(
 ) -> list[str]:
     """A point as DVC's -S overrides; `models` keeps only the named variants (the rest are deleted).
     `params`: what the point starts from (params.yaml, a profile applied: `origin` names it)."""
+    known = list(params.get(MODELS_KEY) or {})
+    chosen = point.get(MODELS_KEY, known)
+    keep = [chosen] if isinstance(chosen, str) else list(chosen)
     overrides = []
     for key, value in point.items():
         if key == MODELS_KEY:
-            keep = [value] if isinstance(value, str) else list(value)
-            known = list(params.get(MODELS_KEY) or {})
             unknown = [name for name in keep if name not in known]
             if unknown:
                 raise PipelineError(
@@ -162,25 +163,26 @@ def point_overrides(
             overrides += [f"~finetune.models.{name}" for name in dropped if name in own_recipes]
         else:
             overrides.append(f"{key}={hydra_value(value)}")
-    check_not_shadowed(point, params, origin or str(params_file))
+    check_not_shadowed(point, keep, params, origin or str(params_file))
     overrides = [*pool_overrides(overrides), *overrides]
     check_overrides(params_file.parent, overrides)
     return overrides
 
 
-def check_not_shadowed(point: Mapping[str, Any], params: Mapping[str, Any], origin: str) -> None:
+def check_not_shadowed(
+    point: Mapping[str, Any], trained: Sequence[str], params: Mapping[str, Any], origin: str
+) -> None:
     """A `pretrain.<key>` of the point must reach every model it trains: one whose own
     `models.<name>.pretrain` sets that key would train unchanged, and the sweep would read a row of
     noise as the key's effect."""
     models = params.get(MODELS_KEY) or {}
-    kept = point.get(MODELS_KEY, list(models))
     keys = [key.lstrip("+") for key in point]
     for key in point:
         section, _, field = key.lstrip("+").partition(".")
         if section != "pretrain" or not field:
             continue
         field = field.split(".")[0]
-        for name in [kept] if isinstance(kept, str) else kept:
+        for name in trained:
             own = (models.get(name) or {}).get("pretrain") or {}
             if field in own and not any(k.startswith(f"models.{name}.pretrain") for k in keys):
                 raise PipelineError(

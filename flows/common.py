@@ -176,8 +176,23 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
+# DVC 3.67 restores a stage from the run cache while it still reads the commit's dvc.lock: a directory
+# that lock names, missing from the cache, stops it when the stage depends on a path inside it
+_MISSING_DIRECTORY = re.compile(
+    r"failed to load directory \(([^)]*)\).*No such file or directory: '[^']*\.dir'"
+)
+
+
 def error_line(text: str) -> str:
     """What went wrong in a command's output: the last line a stage printed as `error: …` (its
-    one-line message, which DVC follows with its own `failed to reproduce`), else the last line."""
+    one-line message, which DVC follows with its own `failed to reproduce`), else the last line;
+    with the cause and the way out where DVC's message gives neither."""
     errors = [line.strip() for line in text.splitlines() if line.startswith("error: ")]
-    return errors[-1] if errors else last_line(text)
+    line = errors[-1] if errors else last_line(text)
+    if missing := _MISSING_DIRECTORY.search(line):
+        path = "/".join(part.strip(" '\"") for part in missing.group(1).split(",") if part.strip(" '\""))
+        line += (
+            f" ({path} as the commit's dvc.lock records it is not in the DVC cache, and DVC cannot restore"
+            " a stage from the run cache past it: `dvc pull` it, or `dvc repro` and commit dvc.lock)"
+        )
+    return line

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import urllib.request
@@ -18,11 +19,12 @@ import dvc.api
 import mlflow
 import pandas as pd
 import pytest
+import yaml
 from prefect.testing.utilities import prefect_test_harness
 
 from flows import EPHEMERAL_TIMEOUT_ENV
 from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand
-from flows.common import PipelineError
+from flows.common import PipelineError, dvc, error_line
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
 from tests.project import TWO_KEY_SWEEP, copy_project, dvc_stages, make_project, sh
@@ -254,6 +256,46 @@ def test_bad_flow_input_is_one_line(project: Path) -> None:
     )
     assert bad_model.returncode == 2
     assert bad_model.stderr.strip().startswith("error: grid key 'models': ") and "'gpt9'" in bad_model.stderr
+
+
+def test_a_directory_the_commits_lock_names_and_the_cache_lacks_is_named_with_the_way_out(
+    tmp_path: Path,
+) -> None:
+    """DVC (3.67) stops an experiment that restores every stage from the run cache when the commit's
+    dvc.lock names a directory the cache lacks and a stage depends on a path inside it: a clone of a
+    repository whose dvc.lock was committed elsewhere, resuming a profile. The line says why and what
+    to do, not only DVC's "failed to load directory"."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_a = "import yaml; open('folder/a', 'w').write(str(yaml.safe_load(open('params.yaml'))['a']))"
+    stages = {
+        "copy": {"cmd": "cp source.txt copied", "deps": ["source.txt"], "outs": ["copied"]},
+        "folder": {
+            "cmd": f'mkdir -p folder && "{sys.executable}" -c "{write_a}"',
+            "deps": ["copied"],
+            "params": ["a"],
+            "outs": ["folder"],
+        },
+        "inside": {"cmd": "cp folder/a inside", "deps": ["folder/a"], "outs": ["inside"]},
+    }
+    (repo / "params.yaml").write_text("a: 1\n")
+    (repo / "source.txt").write_text("text\n")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    for args in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "repro", "-q"]):
+        sh(repo, *args)
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "the lock's outputs are in this cache only")
+    shutil.rmtree(repo / ".dvc" / "cache")
+    first = dvc(repo, "exp", "run", "--temp", "--name", "first", "-S", "a=2")
+    assert first.returncode == 0, first.stderr
+    again = dvc(repo, "exp", "run", "--temp", "--name", "again", "-S", "a=2")  # all from the run cache
+    assert again.returncode != 0
+    line = error_line(again.stderr)
+    assert line.startswith("ERROR: failed to reproduce 'inside': failed to load directory ('folder',)")
+    assert line.endswith(
+        "(folder as the commit's dvc.lock records it is not in the DVC cache, and DVC cannot restore a stage"
+        " from the run cache past it: `dvc pull` it, or `dvc repro` and commit dvc.lock)"
+    )
 
 
 def test_a_temporary_server_that_does_not_start_is_one_line(tmp_path: Path) -> None:

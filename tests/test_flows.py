@@ -24,7 +24,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows import EPHEMERAL_TIMEOUT_ENV
 from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand
-from flows.common import PipelineError, dvc, error_line
+from flows.common import PipelineError, error_line
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
 from tests.project import TWO_KEY_SWEEP, copy_project, dvc_stages, make_project, sh
@@ -286,9 +286,8 @@ def test_a_directory_the_commits_lock_names_and_the_cache_lacks_is_named_with_th
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "the lock's outputs are in this cache only")
     shutil.rmtree(repo / ".dvc" / "cache")
-    first = dvc(repo, "exp", "run", "--temp", "--name", "first", "-S", "a=2")
-    assert first.returncode == 0, first.stderr
-    again = dvc(repo, "exp", "run", "--temp", "--name", "again", "-S", "a=2")  # all from the run cache
+    sh(repo, "dvc", "exp", "run", "--temp", "--name", "first", "-S", "a=2")  # its stages run
+    again = sh(repo, "dvc", "exp", "run", "--temp", "--name", "again", "-S", "a=2", check=False)  # run cache
     assert again.returncode != 0
     line = error_line(again.stderr)
     assert line.startswith("ERROR: failed to reproduce 'inside': failed to load directory ('folder',)")

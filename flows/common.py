@@ -190,7 +190,7 @@ def error_line(text: str) -> str:
     errors = [line.strip() for line in text.splitlines() if line.startswith("error: ")]
     line = errors[-1] if errors else last_line(text)
     if missing := _MISSING_DIRECTORY.search(line):
-        path = "/".join(part.strip(" '\"") for part in missing.group(1).split(",") if part.strip(" '\""))
+        path = "/".join(re.findall(r"'([^']*)'", missing.group(1)))  # ('data', 'glue') -> data/glue
         line += (
             f" ({path} as the commit's dvc.lock records it is not in the DVC cache, and DVC cannot restore"
             " a stage from the run cache past it: `dvc pull` it, or `dvc repro` and commit dvc.lock)"

@@ -191,6 +191,9 @@ def comparison(
                 column = "glue_average" if key == "average" else key
                 row[column] = scores["pretrained"][key]
                 row[f"{column}_std"] = scores["pretrained_std"][key]
+            # the scratch baseline's own level: architectures differ in it, so Δ vs scratch alone hides it
+            row["scratch_average"] = scores["scratch"]["average"]
+            row["scratch_average_std"] = scores["scratch_std"]["average"]
             row["delta_average"] = scores["delta"]["average"]
             row["delta_average_low"] = scores["delta_low"]["average"]
             row["delta_average_high"] = scores["delta_high"]["average"]
@@ -360,13 +363,15 @@ def markdown(
         header += f"\nEqual compute: every point pretrains on a budget of {compute}.\n"
     if synthetic:
         header += "\n> **Synthetic data** (offline default profile): shows the pipeline, not the papers.\n"
-    columns = ["experiment", *swept, "model", "GLUE average", *tasks, "Δ vs scratch", "Δ vs baseline"]
+    columns = ["experiment", *swept, "model", "GLUE average", *tasks, "scratch average", "Δ vs scratch"]
+    columns += ["Δ vs baseline"]
     columns += ["parameters", "pretrain steps", "pretrain FLOPs", "final train loss"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in table.to_dict("records"):
         cells = [row["experiment"], *(str(row[k]) for k in swept), row["model"]]
         cells += [f"{row['glue_average']:.2f} ± {row['glue_average_std']:.2f}"]
         cells += [f"{row[t]:.2f} ± {row[f'{t}_std']:.2f}" for t in tasks]
+        cells += [f"{row['scratch_average']:.2f} ± {row['scratch_average_std']:.2f}"]
         cells += [_interval(row, "delta_average")]
         cells += [_interval(row, "vs_baseline"), f"{row['parameters'] / 1e6:.2f} M"]
         cells += [f"{row['pretrain_steps']}", f"{row['train_flops']:.3g}"]

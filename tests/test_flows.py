@@ -534,7 +534,9 @@ def test_a_sweep_of_two_keys(swept_template: Path) -> None:
     assert set(table["delta_average_verdict"]) <= {"better", "worse", "within noise"}
     assert {"glue_average_std", "stsb_std", "stsb_vs_baseline_verdict"} <= set(table.columns)
     report = (project / "reports/ablation/grid/comparison.md").read_text()
-    assert "Δ vs baseline" in report and "| parameters |" in report
+    assert "Δ vs baseline" in report and "| parameters |" in report and "| scratch average |" in report
+    # the scratch baseline's level beside Δ: one cached stage for both points, so one value
+    assert table["scratch_average"].nunique() == 1 and table["scratch_average_std"].nunique() == 1
     # FLOPs per point: at the same steps, masking 30 % runs the LM head on more positions than 10 %
     assert len(set(table["pretrain_steps"])) == 1
     assert len(set(table["parameters"])) == 1 and table["parameters"].min() > 0  # one model, two objectives
@@ -574,6 +576,8 @@ def test_a_sweep_of_two_keys(swept_template: Path) -> None:
         assert all(run.data.tags["dvc_experiment"] == point.data.tags["dvc_experiment"] for run in stages)
         evaluated = by_stage["evaluate"].data.metrics["encoder_mlm.pretrained.average"]
         assert evaluated == pytest.approx(row["glue_average"])  # the table is what the stage logged
+        scratch = by_stage["evaluate"].data.metrics["encoder_mlm.scratch.average"]
+        assert scratch == pytest.approx(row["scratch_average"])
 
 
 def test_a_sweep_run_again_by_its_name_goes_on_from_the_run_cache(

@@ -364,8 +364,7 @@ def markdown(
     if synthetic:
         header += "\n> **Synthetic data** (offline default profile): shows the pipeline, not the papers.\n"
     columns = ["experiment", *swept, "model", "GLUE average", *tasks, "scratch average", "Δ vs scratch"]
-    columns += ["Δ vs baseline"]
-    columns += ["parameters", "pretrain steps", "pretrain FLOPs", "final train loss"]
+    columns += ["Δ vs baseline", "parameters", "pretrain steps", "pretrain FLOPs", "final train loss"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in table.to_dict("records"):
         cells = [row["experiment"], *(str(row[k]) for k in swept), row["model"]]

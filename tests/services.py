@@ -4,7 +4,9 @@ waited for until they answer, stopped (with every child) at the end."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,9 +20,18 @@ BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free 127.0.0.1 port below the kernel's ephemeral range: a port bound to 0 elsewhere (a Dask
+    worker of a test in another xdist process) cannot take it between this pick and the server's bind,
+    which for a Prefect server comes seconds later."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.randrange(10_000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def start(
@@ -43,7 +54,7 @@ def wait_until_up(url: str, process: subprocess.Popen, log: Path, timeout_s: flo
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
                     return
-        except OSError:
+        except (OSError, http.client.HTTPException):  # not listening yet, or not our server yet
             pass
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(1)
@@ -82,7 +93,11 @@ def prefect_env(home: Path, port: int, **extra: str) -> dict[str, str]:
 def prefect_server(env: Mapping[str, str], log: Path) -> subprocess.Popen:
     port = env["PREFECT_API_URL"].split(":")[-1].split("/")[0]
     server = start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", port], log, env)
-    wait_until_up(f"http://127.0.0.1:{port}/api/health", server, log)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/api/health", server, log)
+    except BaseException:
+        stop(server)  # the caller never gets it to stop
+        raise
     return server
 
 

@@ -586,16 +586,18 @@ def check(arguments: dict[str, Any]) -> None:
     """The command line's input, one line each, before any flow starts."""
     repo_dir = Path(arguments["repo"]).resolve()
     params_file = repo_dir / PARAMS_FILE
-    params = read_params_yaml(params_file) or {}
+    params, origin = read_params_yaml(params_file) or {}, None
+    if arguments["profile"]:  # a point starts from the profile's params: its keys are the ones to check
+        origin = f"profile {arguments['profile']}"
+        on_profile = profiles.overrides(arguments["profile"], arguments["corpus"], arguments["glue"])
+        params = profiles.applied(repo_dir, on_profile, origin)
     values = expand(resolve_grid(arguments["preset"], arguments["grid"]))
     for point in values:
-        point_overrides(point, params, params_file)
+        point_overrides(point, params, params_file, origin)
     baseline = arguments["baseline"]
     if baseline is not None and not isinstance(baseline, dict):
         raise PipelineError('--baseline: give an object of values, e.g. {"pretrain.lr": 0.001}')
     baseline_index(values, baseline, arguments["preset"])
-    if arguments["profile"]:
-        profiles.overrides(arguments["profile"], arguments["corpus"], arguments["glue"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,10 +58,18 @@ def cli(body: Callable[[], str]) -> int:
     return 0
 
 
-def check_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
-    """Every `key=value` names a key of params.yaml (`+key=` adds one, `~key` deletes one, as in DVC)."""
+def check_overrides(
+    repo_dir: Path,
+    overrides: Sequence[str],
+    params: Mapping[str, Any] | None = None,
+    origin: str | None = None,
+) -> None:
+    """Every `key=value` names a key of params.yaml (`+key=` adds one, `~key` deletes one, as in DVC), or of
+    `params`: what the overrides apply to (params.yaml with a profile applied, named by `origin`)."""
     params_file = repo_dir / PARAMS_FILE
-    params = read_params_yaml(params_file) or {}
+    if params is None:
+        params = read_params_yaml(params_file) or {}
+    where = origin or str(params_file)
     for override in overrides:
         key, sep, _ = override.partition("=")
         if key.startswith(("+", "~")):
@@ -71,7 +79,7 @@ def check_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
         node: Any = params
         for part in key.split("."):
             if not isinstance(node, Mapping) or part not in node:
-                raise PipelineError(f"params override '{override}': {params_file} has no key '{key}'")
+                raise PipelineError(f"params override '{override}': {where} has no key '{key}'")
             node = node[part]
 
 

@@ -104,6 +104,27 @@ def test_a_pretrain_key_a_model_sets_for_itself_is_not_swept_for_the_section() -
     assert point_overrides({"pretrain.lr": 3e-4}, params, ROOT / "params.yaml") == ["pretrain.lr=0.0003"]
 
 
+def test_a_point_may_set_a_key_that_only_its_profile_has(tmp_path: Path) -> None:
+    """The key the shadowing message names exists on the profile, not in params.yaml: accepted as the
+    message says to write it, before any flow starts; a misspelt one is still one line naming the profile."""
+    from flows.ablation import check
+
+    (tmp_path / "SST-2").mkdir()
+    decoder = {"models": "decoder_clm", "models.decoder_clm.pretrain.max_steps": 6800}
+    arguments = {"repo": str(ROOT), "preset": None, "baseline": None, "profile": "real-cpu"}
+    arguments |= {"corpus": str(tmp_path), "glue": str(tmp_path), "grid": [decoder]}
+    check(arguments)
+    misspelt = {"models": "decoder_clm", "models.decoder_clm.pretrain.max_step": 6800}
+    with pytest.raises(PipelineError) as caught:
+        check(arguments | {"grid": [misspelt]})
+    assert str(caught.value) == (
+        "params override 'models.decoder_clm.pretrain.max_step=6800': profile real-cpu has no key "
+        "'models.decoder_clm.pretrain.max_step'"
+    )
+    with pytest.raises(PipelineError, match="params.yaml has no key 'models.decoder_clm.pretrain.max_steps'"):
+        check(arguments | {"profile": None})  # the offline default sets no per-model budget
+
+
 def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     points = {name: expand(grid) for name, grid in PRESETS.items()}
     assert [p["objectives.mlm.mask_rate"] for p in points["masking_rate"]] == [0.10, 0.15, 0.20, 0.25, 0.40]

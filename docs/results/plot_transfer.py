@@ -8,13 +8,16 @@ the 2-core Zen 4; points of one x are drawn side by side.
 
     python docs/results/plot_transfer.py [--out PATH]
 
-writes ``transfer-by-architecture.png`` beside this script unless ``--out`` says otherwise.
+writes ``transfer-by-architecture.png`` beside this script unless ``--out`` says otherwise, and prints,
+for each series with three or more budgets, the straight line through Δ against log2(budget) (weighted
+by each point's interval) and the budget at which that line would reach the +3 goal.
 """
 
 import argparse
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 import pandas as pd
 
 HERE = Path(__file__).parent
@@ -68,11 +71,43 @@ def plot(data: pd.DataFrame, out: Path) -> None:
     fig.savefig(out)
 
 
+def budget_reaching_goal(x0: float, y0: float, slope: float) -> str:
+    """Where the line of this slope (Δ per doubling) through (log2 minutes x0, Δ y0) meets GOAL."""
+    if slope <= 0:
+        return "never"
+    minutes = 2 ** (x0 + (GOAL - y0) / slope)
+    return f"{minutes:,.0f} min" if minutes < 1e6 else "beyond 10^6 min"
+
+
+def goal_lines(data: pd.DataFrame) -> list[str]:
+    """Per series of 3+ budgets: Δ = a + b·log2(minutes), each point weighted by 1/SE² (SE: its 95 %
+    interval's half-width / 1.96), and where the line meets GOAL; b's own 95 % interval, the line
+    turned about the points' weighted centre, says how far the few points pin the trend."""
+    lines = []
+    for (arch, name), s in data.groupby(["architecture", "series"], sort=False):
+        if s.cpu_minutes.nunique() < 3:
+            continue
+        x, se = np.log2(s.cpu_minutes), (s.high - s.low) / (2 * 1.96)
+        (slope, intercept), cov = np.polyfit(x, s.delta, 1, w=1 / se, cov="unscaled")
+        half = 1.96 * np.sqrt(cov[0, 0])
+        x0 = np.average(x, weights=1 / se**2)  # the weighted fit passes through this centre
+        y0 = intercept + slope * x0
+        reach = [budget_reaching_goal(x0, y0, b) for b in (slope, slope + half, slope - half)]
+        budgets = "/".join(f"{m:g}" for m in s.cpu_minutes)
+        lines.append(
+            f"{arch}, {name} ({budgets} min): {slope:+.2f} per doubling [{slope - half:+.2f}, "
+            f"{slope + half:+.2f}]; +{GOAL:g} at {reach[0]} (slope's interval: {reach[1]} to {reach[2]})"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "transfer-by-architecture.png")
     args = parser.parse_args()
-    plot(pd.read_csv(HERE / "transfer-by-budget.csv"), args.out)
+    data = pd.read_csv(HERE / "transfer-by-budget.csv")
+    plot(data, args.out)
+    print("\n".join(goal_lines(data)))
 
 
 if __name__ == "__main__":

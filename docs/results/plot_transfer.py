@@ -33,6 +33,7 @@ COLOURS = {
     "corpus-large, fine-tuned at 3e-4": "tab:purple",
     "... small tasks' average (1e-4, both inits' SST-2 best)": "tab:green",
     "... small tasks' average at 3e-4": "tab:green",
+    "... small tasks' average at 1e-4 (both inits)": "tab:green",
     "... small tasks' average, each init at its best rate": "tab:orange",
 }
 SPREAD = 0.06  # neighbouring series of a panel sit 6 % of x apart

@@ -140,6 +140,16 @@ def command_line(
 # --- points --------------------------------------------------------------------------------------
 
 
+def model_of(key: str) -> str | None:
+    """The model a `models.<name>.…` or `finetune.models.<name>.…` key belongs to, if any."""
+    parts = key.lstrip("+~").split(".")
+    if parts[0] == MODELS_KEY and len(parts) > 1:
+        return parts[1]
+    if parts[:2] == ["finetune", MODELS_KEY] and len(parts) > 2:
+        return parts[2]
+    return None
+
+
 def point_overrides(
     point: Mapping[str, Any], params: Mapping[str, Any], params_file: Path, origin: str | None = None
 ) -> list[str]:
@@ -162,6 +172,9 @@ def point_overrides(
             overrides += [f"~models.{name}" for name in dropped]
             overrides += [f"~finetune.models.{name}" for name in dropped if name in own_recipes]
         else:
+            owner = model_of(key)
+            if owner in known and owner not in keep:  # its values go with the deleted model
+                raise PipelineError(f"grid key '{key}': the point does not train {owner} (models: {keep})")
             overrides.append(f"{key}={hydra_value(value)}")
     check_not_shadowed(point, keep, params, origin or str(params_file))
     overrides = [*pool_overrides(overrides), *overrides]

@@ -123,6 +123,13 @@ def test_a_point_may_set_a_key_that_only_its_profile_has(tmp_path: Path) -> None
     )
     with pytest.raises(PipelineError, match="params.yaml has no key 'models.decoder_clm.pretrain.max_steps'"):
         check(arguments | {"profile": None})  # the offline default sets no per-model budget
+    dropped = {"models": "encoder_mlm", "models.decoder_clm.pretrain.max_steps": 6800}
+    with pytest.raises(PipelineError) as caught:
+        check(arguments | {"grid": [dropped]})
+    assert str(caught.value) == (
+        "grid key 'models.decoder_clm.pretrain.max_steps': the point does not train decoder_clm "
+        "(models: ['encoder_mlm'])"
+    )
 
 
 def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:

@@ -178,7 +178,7 @@ def point_overrides(
             overrides.append(f"{key}={hydra_value(value)}")
     check_not_shadowed(point, keep, params, origin or str(params_file))
     overrides = [*pool_overrides(overrides), *overrides]
-    check_overrides(params_file.parent, overrides, params, origin or str(params_file))
+    check_overrides(params_file.parent, overrides, params, origin)
     return overrides
 
 

@@ -181,7 +181,9 @@ def strategy_for(strategy: str) -> Any:
 def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: Any) -> Any:
     """Lightning's Trainer as params.yaml `pretrain` asks, checkpointing into `resume_dir`."""
     import lightning as L
-    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+    from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
+
+    from models.lightning import StepCheckpoint
 
     # in a terminal, a bar that reads the loss (a wait for the GPU) at the log steps, not at every step
     bar = [TQDMProgressBar(refresh_rate=run.log_every)] if os.isatty(2) else []
@@ -203,7 +205,8 @@ def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: A
         enable_model_summary=False,
         enable_progress_bar=bool(bar),
         callbacks=[
-            ModelCheckpoint(
+            StepCheckpoint(
+                val_every=run.val_every,
                 dirpath=resume_dir,
                 filename="step{step}",
                 every_n_train_steps=run.checkpoint_every,

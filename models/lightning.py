@@ -15,6 +15,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -173,6 +174,26 @@ class TokenDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         batches = validation_batches(self.tokens_dir / "val.bin", self.dtype, self.cfg, self.vocab_size)
         return DataLoader(batches, batch_size=None)
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """A checkpoint every `every_n_train_steps`; at a step that the trainer validates after, written
+    once that validation has run. Lightning writes step checkpoints at the end of the batch, before it
+    validates, and a run resumed from one skips that step's validation: its curve would lack the point."""
+
+    def __init__(self, *, val_every: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.val_every = val_every
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        due = step % self._every_n_train_steps == 0 and not self._should_skip_saving_checkpoint(trainer)
+        if due and step % self.val_every == 0:
+            self._defer_save_until_validation = True  # on_validation_end writes it (and last.ckpt)
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:

@@ -103,9 +103,10 @@ def resume_file(project: Path, name: str) -> Path | None:
 def test_sigkilled_run_resumes_to_identical_weights(reproduced_template: Path, tmp_path: Path) -> None:
     """Killed after step 15 in a temporary DVC experiment (a sweep point's or a profile's, whose copy of
     the workspace is gone with it), with its batches built by two DataLoader workers, and resumed there
-    by `dvc repro`: the same weights and losses as a run straight through that built them in the
-    training process, and one MLflow run in the workspace's store."""
-    settings = {"max_steps": 40, "checkpoint_every": 15, "val_every": 20, "log_every": 1, "warmup_steps": 5}
+    by `dvc repro`: the same weights, losses and curve as a run straight through that built them in the
+    training process, and one MLflow run in the workspace's store. Step 15 is also a validation step:
+    its checkpoint holds that validation, which the resumed run does not repeat."""
+    settings = {"max_steps": 40, "checkpoint_every": 15, "val_every": 5, "log_every": 1, "warmup_steps": 5}
     straight = decoder_project(reproduced_template, tmp_path / "straight", settings | {"num_workers": 0})
 
     def two_loader_workers(params: dict) -> None:  # an odd step to resume at: worker 0 builds what 1 did
@@ -144,6 +145,10 @@ def test_sigkilled_run_resumes_to_identical_weights(reproduced_template: Path, t
     # workspace's store (the steps after the checkpoint, logged again by the resumed run, agree)
     losses = dict(logged_losses(killed))
     assert losses == dict(logged_losses(straight)) and sorted(losses) == list(range(40))
+    curve = plots(killed, "decoder_clm")
+    assert curve == plots(straight, "decoder_clm")
+    validated = [int(row["step"]) for row in csv.DictReader(curve) if row["val_loss"]]
+    assert validated == list(range(5, 41, 5))
     result = json.loads((killed / "metrics/pretrain/decoder_clm.json").read_text())
     assert result["steps"] == 40
     assert resume_file(killed, "last.ckpt") is None  # deleted once the run has finished
@@ -230,9 +235,10 @@ def pretrain_runs(name: str) -> int:
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(sample_pipeline: Workdir) -> None:
-    """The GPU settings on the CPU: two DDP processes (gloo) with bf16 autocast, killed after a
-    checkpoint and resumed from it, train as one process accumulating their two micro-batches; rank 0
-    alone writes the outputs and the one MLflow run."""
+    """The GPU settings on the CPU: two DDP processes (gloo) with bf16 autocast, killed after the
+    checkpoint at a validation step and resumed from it, train as one process accumulating their two
+    micro-batches, the curve's validation points included; rank 0 alone writes the outputs and the one
+    MLflow run."""
     sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
     path, runs = sample_pipeline.path, pretrain_runs("decoder_clm")
     # small batches: bf16 is emulated, and slow, on CPUs without AVX-512 BF16
@@ -240,7 +246,7 @@ def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(sample_
     steps |= {"pretrain.checkpoint_every": 5, "pretrain.precision": "bf16-mixed"}
     steps |= {"pretrain.batch_size": 4, "pretrain.seq_len": 32, "pretrain.val_batches": 2}
     with sample_pipeline.changed(steps | {"pretrain.strategy": "ddp", "pretrain.devices": 2}):
-        killed_after("step5.ckpt", sample_pipeline)
+        killed_after("step10.ckpt", sample_pipeline)
         assert not (path / "checkpoints/decoder_clm/final").exists(), "the run ended before it was killed"
         result = sample_pipeline.run("pretrain", "decoder_clm")
         micro_batch = micro_batch_flops(path, "decoder_clm")

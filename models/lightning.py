@@ -185,6 +185,12 @@ class StepCheckpoint(ModelCheckpoint):
         super().__init__(**kwargs)
         self.val_every = val_every
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # a resumed run starts at the step of its checkpoint: not one to write again (Lightning would,
+        # at the end of the first micro-batch of an accumulated step, mid-way through that step)
+        self._last_global_step_saved = trainer.global_step
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:

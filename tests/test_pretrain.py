@@ -307,6 +307,87 @@ def killed_after(checkpoint: str, workdir: Workdir) -> None:
     assert process.wait() == -signal.SIGKILL
 
 
+def test_step_checkpoints_hold_their_validation_and_a_resumed_run_writes_only_later_ones(
+    tmp_path: Path,
+) -> None:
+    """StepCheckpoint, two micro-batches a step, checkpoints every 2 steps, validation every 4: a
+    checkpoint at a validation step holds that validation; a run resumed from either kind neither
+    validates its step again nor writes its checkpoint again."""
+    import lightning as L
+
+    from models.lightning import StepCheckpoint
+
+    class Toy(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            self.validated: list[int] = []
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch).pow(2).mean()
+
+        def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+            pass
+
+        def on_validation_epoch_end(self) -> None:
+            self.validated.append(self.global_step)
+
+        def on_save_checkpoint(self, checkpoint: dict) -> None:
+            checkpoint["validated"] = list(self.validated)
+
+        def on_load_checkpoint(self, checkpoint: dict) -> None:
+            self.validated = checkpoint["validated"]
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    folder = tmp_path / "checkpoints"
+
+    def fit(resume: Path | None = None) -> Toy:
+        torch.manual_seed(0)
+        module, data = Toy(), torch.randn(64, 2)
+        checkpoints = StepCheckpoint(
+            val_every=4,
+            dirpath=folder,
+            filename="step{step}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=2,
+            save_top_k=-1,
+        )
+        trainer = L.Trainer(
+            max_steps=12,
+            accumulate_grad_batches=2,
+            val_check_interval=4 * 2,
+            check_val_every_n_epoch=None,
+            num_sanity_val_steps=0,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+            callbacks=[checkpoints],
+        )
+        trainer.fit(
+            module, DataLoader(data, batch_size=2), DataLoader(data[:4], batch_size=2), ckpt_path=resume
+        )
+        return module
+
+    def written() -> dict[int, list[int]]:
+        """step -> the steps validated before its checkpoint was written"""
+        found = [torch.load(path, weights_only=False) for path in folder.glob("*.ckpt")]
+        return {checkpoint["global_step"]: checkpoint["validated"] for checkpoint in found}
+
+    assert fit().validated == [4, 8, 12]
+    assert written() == {step: [v for v in (4, 8, 12) if v <= step] for step in (2, 4, 6, 8, 10, 12)}
+    for start in (2, 4):  # a step that does not validate, one that does
+        kept = folder / f"step{start}.ckpt"
+        for path in folder.glob("*.ckpt"):
+            if path != kept:
+                path.unlink()
+        before = kept.read_bytes()
+        assert fit(resume=kept).validated == [4, 8, 12]
+        assert sorted(written()) == list(range(start, 13, 2)) and kept.read_bytes() == before
+
+
 def test_a_run_holds_its_checkpoint_folder_alone_and_deletes_it_once_finished(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -175,11 +175,22 @@ def point_overrides(
             owner = model_of(key)
             if owner in known and owner not in keep:  # its values go with the deleted model
                 raise PipelineError(f"grid key '{key}': the point does not train {owner} (models: {keep})")
-            overrides.append(f"{key}={hydra_value(value)}")
+            overrides += setting(key, value, params)
     check_not_shadowed(point, keep, params, origin or str(params_file))
     overrides = [*pool_overrides(overrides), *overrides]
     check_overrides(params_file.parent, overrides, params, origin)
     return overrides
+
+
+def setting(key: str, value: Any, params: Mapping[str, Any]) -> list[str]:
+    """`key: value` as DVC's -S overrides. A mapping replaces the mapping that `params` has at `key`:
+    `-S key={...}` would merge it in, keeping the keys the point's value leaves out."""
+    bare, node = key.lstrip("+"), params
+    for part in bare.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    if isinstance(value, Mapping) and isinstance(node, Mapping):
+        return [f"~{bare}", f"++{bare}={hydra_value(value)}"]
+    return [f"{key}={hydra_value(value)}"]
 
 
 def check_not_shadowed(

@@ -104,6 +104,29 @@ def test_a_pretrain_key_a_model_sets_for_itself_is_not_swept_for_the_section() -
     assert point_overrides({"pretrain.lr": 3e-4}, params, ROOT / "params.yaml") == ["pretrain.lr=0.0003"]
 
 
+def test_a_point_sets_a_mapping_as_given_not_merged_into_the_one_it_replaces(tmp_path: Path) -> None:
+    """`-S key={...}` merges into the mapping params.yaml has: a point's mapping replaces it, so that
+    the point trains what its value says (here: the decoder without the profile's own step budget)."""
+    from flows import profile as profiles
+    from flows.common import apply_overrides
+
+    params = profiles.applied(ROOT, ["++models.decoder_clm.pretrain.max_steps=1700"], "profile real-cpu")
+    point = {"models.decoder_clm.pretrain": {"warmup_steps": 10}, "objectives.mlm": {"mask_rate": 0.2}}
+    overrides = point_overrides(point, params, ROOT / "params.yaml")
+    assert overrides == [
+        "~models.decoder_clm.pretrain",
+        "++models.decoder_clm.pretrain={warmup_steps:10}",
+        "~objectives.mlm",
+        "++objectives.mlm={mask_rate:0.2}",
+    ]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    apply_overrides(tmp_path, overrides)  # as `dvc exp run -S` applies them
+    applied = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    assert applied["models"]["decoder_clm"]["pretrain"] == {"warmup_steps": 10}
+    assert applied["objectives"]["mlm"] == {"mask_rate": 0.2}
+    assert applied["models"]["encoder_mlm"] == params["models"]["encoder_mlm"]  # nothing else moved
+
+
 def test_a_point_may_set_a_key_that_only_its_profile_has(tmp_path: Path) -> None:
     """The key the shadowing message names exists on the profile, not in params.yaml: accepted as the
     message says to write it, before any flow starts; a misspelt one is still one line naming the profile."""

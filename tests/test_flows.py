@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import urllib.request
@@ -631,6 +632,32 @@ def test_a_sweep_of_two_keys(swept_template: Path) -> None:
         assert evaluated == pytest.approx(row["glue_average"])  # the table is what the stage logged
         scratch = by_stage["evaluate"].data.metrics["encoder_mlm.scratch.average"]
         assert scratch == pytest.approx(row["scratch_average"])
+
+
+def test_a_task_average_reads_a_sweep_point_by_its_experiment_name(swept_template: Path) -> None:
+    """docs/results/task_average.py on a `--temp` sweep point: its predictions from the DVC cache
+    through the experiment's commit; over all its tasks, the Δ vs scratch, interval and verdict that
+    the point's evaluate stage wrote; a task the run lacks is one line."""
+
+    def task_average(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "docs.results.task_average", *args, "--repo", str(swept_template)]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+
+    table = pd.read_csv(swept_template / "reports/ablation/grid/comparison.csv")
+    row = table[table["experiment"] == "grid-2"].iloc[0]
+    tasks = sorted(column.removesuffix("_vs_baseline") for column in table if column.endswith("_vs_baseline"))
+    result = task_average("grid-2", "--model", "encoder_mlm", "--tasks", ",".join(tasks))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert sorted(line.split()[0] for line in lines[:-1]) == tasks
+    interval = f"[{row['delta_average_low']:+.2f}, {row['delta_average_high']:+.2f}]"
+    expected = f"{row['delta_average']:+6.2f} {interval} {row['delta_average_verdict']}, detectable"
+    assert lines[-1].startswith(f"{'average':8s} {expected}")
+    result = task_average("grid-2", "--model", "encoder_mlm", "--tasks", "rte")
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"error: --tasks: the run has no rte (it has {', '.join(tasks)})\n",
+    )
 
 
 def test_a_sweep_run_again_by_its_name_goes_on_from_the_run_cache(

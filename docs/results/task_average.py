@@ -23,6 +23,8 @@ from pathlib import Path
 import dvc.api
 import pandas as pd
 import yaml
+from dvc.exceptions import DvcException
+from dvc_data.index.index import DataIndexError
 
 from lmpipe.report.glue import read_aligned
 from lmpipe.report.significance import compare
@@ -52,14 +54,19 @@ def experiment_ref(repo: Path, name: str) -> str:
 
 def read_run(repo: Path, run: str) -> tuple[pd.DataFrame, int]:
     """The run's aligned predictions and its params' seed."""
-    if Path(run).is_file():
-        params = yaml.safe_load((repo / "params.yaml").read_text())
-        return pd.read_parquet(run), int(params["seed"])
-    ref = experiment_ref(repo, run)
-    with dvc.api.open(PREDICTIONS, repo=str(repo), rev=ref, mode="rb") as handle:
-        frame = pd.read_parquet(io.BytesIO(handle.read()))
-    params = yaml.safe_load(dvc.api.read("params.yaml", repo=str(repo), rev=ref))
-    return frame, int(params["seed"])
+    try:
+        if Path(run).is_file():
+            params = yaml.safe_load((repo / "params.yaml").read_text())
+            return pd.read_parquet(run), int(params["seed"])
+        ref = experiment_ref(repo, run)
+        with dvc.api.open(PREDICTIONS, repo=str(repo), rev=ref, mode="rb") as handle:
+            frame = pd.read_parquet(io.BytesIO(handle.read()))
+        params = yaml.safe_load(dvc.api.read("params.yaml", repo=str(repo), rev=ref))
+        return frame, int(params["seed"])
+    except (OSError, ValueError, DvcException) as exc:  # a missing or unreadable file
+        raise Refused(f"{run}: {exc}") from None
+    except DataIndexError:
+        raise Refused(f"{run}: its outputs are not in the DVC cache of {repo} (dvc exp pull)") from None
 
 
 def task_average(frame: pd.DataFrame, model: str, tasks: list[str], seed: int) -> list[str]:

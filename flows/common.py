@@ -99,6 +99,12 @@ def hydra_value(value: Any) -> str:
     return json.dumps(value)  # strings (quoted), numbers, true/false, null
 
 
+def replacing(key: str, value: Any) -> list[str]:
+    """`key: value` as -S overrides that replace what params.yaml has there: `-S key={...}` alone would
+    merge a mapping into the one at `key`, keeping the keys `value` leaves out."""
+    return [f"~{key}", f"++{key}={hydra_value(value)}"]
+
+
 def apply_overrides(repo_dir: Path, overrides: Sequence[str]) -> None:
     """`key=value` into params.yaml with the semantics of `dvc exp run -S`."""
     if overrides:

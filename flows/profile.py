@@ -34,6 +34,7 @@ from flows.common import (
     exp_run,
     hydra_value,
     pool_overrides,
+    replacing,
     stage_env,
 )
 from lmpipe.params.project import Params, parse_params
@@ -93,7 +94,7 @@ def overrides(name: str, corpus: str | None = None, glue: str | None = None) -> 
         for key in parents:
             node = node.get(key) if isinstance(node, dict) else None
         if isinstance(node, dict) and last in node:
-            replaced += [f"~{dotted}", f"++{dotted}={hydra_value(node.pop(last))}"]
+            replaced += replacing(dotted, node.pop(last))
     tree = {k: v for k, v in tree.items() if v != {}}  # a section that held only a replaced key
     return [*replaced, *(f"++{key}={hydra_value(value)}" for key, value in flatten(tree).items())]
 

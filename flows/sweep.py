@@ -47,6 +47,7 @@ from flows.common import (
     hydra_value,
     last_line,
     pool_overrides,
+    replacing,
     stages_ran,
     threads_each,
 )
@@ -183,13 +184,12 @@ def point_overrides(
 
 
 def setting(key: str, value: Any, params: Mapping[str, Any]) -> list[str]:
-    """`key: value` as DVC's -S overrides. A mapping replaces the mapping that `params` has at `key`:
-    `-S key={...}` would merge it in, keeping the keys the point's value leaves out."""
+    """`key: value` as DVC's -S overrides; a mapping replaces the mapping that `params` has at `key`."""
     bare, node = key.lstrip("+"), params
     for part in bare.split("."):
         node = node.get(part) if isinstance(node, Mapping) else None
     if isinstance(value, Mapping) and isinstance(node, Mapping):
-        return [f"~{bare}", f"++{bare}={hydra_value(value)}"]
+        return replacing(bare, value)
     return [f"{key}={hydra_value(value)}"]
 
 

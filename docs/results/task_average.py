@@ -8,7 +8,7 @@ tasks' average": CoLA, STS-B, MRPC and RTE, the tasks other than SST-2.
 (from the project's root, with its venv: `-m` puts the root on the path for `lmpipe` and `models`).
 
 RUN is a DVC experiment of the project at --repo (a sweep point's or a profile's, `--temp` ones
-too), read through its commit's dvc.lock from the DVC cache, or a `data/evaluate/predictions.parquet`.
+too), read from the DVC cache through its commit, or a `data/evaluate/predictions.parquet`.
 The bootstrap's seed is the run's params.yaml `seed` (the workspace's for a file), as in `evaluate`.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,46 +23,36 @@ import dvc.api
 import pandas as pd
 import yaml
 from dvc.exceptions import DvcException
+from dvc.scm import RevError
 from dvc_data.index.index import DataIndexError
 
+from lmpipe.layout import PREDICTIONS
+from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.report.glue import read_aligned
 from lmpipe.report.significance import compare
+from lmpipe.runtime import StageError
 
 SMALL_TASKS = "cola,stsb,mrpc,rte"
-PREDICTIONS = "data/evaluate/predictions.parquet"
 
 
 class Refused(Exception):
     """One line for the user."""
 
 
-def experiment_ref(repo: Path, name: str) -> str:
-    """The git ref of DVC experiment `name` (refs/exps/<baseline commit>/<name>)."""
-    listed = subprocess.run(
-        ["git", "-C", str(repo), "for-each-ref", "--format=%(refname)", "refs/exps"],
-        capture_output=True,
-        text=True,
-    )
-    found = [ref for ref in listed.stdout.split() if ref.rsplit("/", 1)[-1] == name]
-    if not found:
-        raise Refused(f"{name}: neither a predictions file nor a DVC experiment of {repo} (dvc exp list -A)")
-    if len(found) > 1:
-        raise Refused(f"{name}: {len(found)} DVC experiments of {repo} have that name: {', '.join(found)}")
-    return found[0]
-
-
 def read_run(repo: Path, run: str) -> tuple[pd.DataFrame, int]:
-    """The run's aligned predictions and its params' seed."""
+    """The run's aligned predictions and its params' seed; DVC resolves an experiment's name."""
     try:
         if Path(run).is_file():
-            params = yaml.safe_load((repo / "params.yaml").read_text())
-            return pd.read_parquet(run), int(params["seed"])
-        ref = experiment_ref(repo, run)
-        with dvc.api.open(PREDICTIONS, repo=str(repo), rev=ref, mode="rb") as handle:
-            frame = pd.read_parquet(io.BytesIO(handle.read()))
-        params = yaml.safe_load(dvc.api.read("params.yaml", repo=str(repo), rev=ref))
-        return frame, int(params["seed"])
-    except (OSError, ValueError, DvcException) as exc:  # a missing or unreadable file
+            return pd.read_parquet(run), int(read_params_yaml(repo / PARAMS_FILE)["seed"])
+        frame = pd.read_parquet(
+            io.BytesIO(dvc.api.read(str(PREDICTIONS), repo=str(repo), rev=run, mode="rb"))
+        )
+        return frame, int(yaml.safe_load(dvc.api.read(str(PARAMS_FILE), repo=str(repo), rev=run))["seed"])
+    except RevError:
+        raise Refused(
+            f"{run}: neither a predictions file nor a DVC experiment of {repo} (dvc exp list -A)"
+        ) from None
+    except (OSError, ValueError, DvcException, StageError) as exc:  # a missing or unreadable file
         raise Refused(f"{run}: {exc}") from None
     except DataIndexError:
         raise Refused(f"{run}: its outputs are not in the DVC cache of {repo} (dvc exp pull)") from None

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
-from lmpipe.runtime import StageError, write_json
+
+class ExportError(ValueError):
+    """A model and tokenizer that cannot be exported together (the stage reports it as one line)."""
+
 
 _CONTROL = 3  # SentencePiece's piece type of control symbols (our specials)
 
@@ -111,6 +115,10 @@ def readme(name: str, architecture: str, why: str, remote: bool, weights_sha256:
 """
 
 
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def write_export(
     out: Path, model: Any, spm_model: Path, provenance: dict[str, str], layout: Any = None
 ) -> Any:
@@ -124,7 +132,7 @@ def write_export(
     remote = layout.architecture.startswith("Lmpipe")
     tokenizer = hf_tokenizer(spm_model, model.cfg.max_len)
     if tokenizer.get_vocab_size() != model.cfg.vocab_size:
-        raise StageError(
+        raise ExportError(
             f"export@{provenance['name']}: the tokenizer has {tokenizer.get_vocab_size()} ids, the model "
             f"{model.cfg.vocab_size}: re-run `dvc repro` so that both come from the same run"
         )
@@ -133,11 +141,11 @@ def write_export(
     )
     tensors = {key: value.detach().contiguous().clone() for key, value in layout.tensors.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    write_json(out / "config.json", {"architectures": [layout.architecture], **layout.config})
+    _write_json(out / "config.json", {"architectures": [layout.architecture], **layout.config})
     if remote:
         (out / "modeling_lmpipe.py").write_text(remote_code(), encoding="utf-8")
     tokenizer.save(str(out / "tokenizer.json"))
-    write_json(out / "tokenizer_config.json", tokenizer_config(model.cfg.max_len, sentinels))
+    _write_json(out / "tokenizer_config.json", tokenizer_config(model.cfg.max_len, sentinels))
     text = readme(provenance["name"], layout.architecture, layout.why, remote, provenance["weights_sha256"])
     (out / "README.md").write_text(text, encoding="utf-8")
     return layout

@@ -16,9 +16,9 @@ import argparse
 from lmpipe.layout import SPM_MODEL, WEIGHTS, final_checkpoint, hf_export
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.project import load_stage_params
-from lmpipe.runtime import atomic_dir, log, run_main, sha256_file
+from lmpipe.runtime import StageError, atomic_dir, log, run_main, sha256_file
 from lmpipe.tracking import stage_run, tracking_experiment
-from models.export import write_export
+from models.export import ExportError, write_export
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,7 +41,10 @@ def main(argv: list[str] | None = None) -> None:
         stage_run("export", experiment, {"model": name}, tags, f"export@{name}") as run,
         atomic_dir(hf_export(name)) as tmp,
     ):
-        write_export(tmp, model, SPM_MODEL, {"name": name, "weights_sha256": weights}, layout)
+        try:
+            write_export(tmp, model, SPM_MODEL, {"name": name, "weights_sha256": weights}, layout)
+        except ExportError as exc:
+            raise StageError(str(exc)) from None
         run.log_artifact(str(tmp / "README.md"))
         run.log_artifact(str(tmp / "config.json"))
     log.info(

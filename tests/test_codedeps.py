@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lmpipe import layout
-from lmpipe.codedeps import PACKAGES, ROOT, code_files, disagreements, write
+from lmpipe.codedeps import PACKAGES, ROOT, code_files, disagreements, imports, write
 from tests.project import changed_deps, copy_project, dvc_stages
 
 DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
@@ -237,6 +237,20 @@ def test_nothing_imports_a_stage_but_to_run_it() -> None:
                     other = [n.lineno for n in uses if n.id == name and id(n) not in mains]
                     if other:
                         offences.append(f"{relative}:{other[0]}: uses {name} other than {name}.main")
+    assert offences == []
+
+
+def test_the_layers_import_only_downwards() -> None:
+    """models/ is the layer the library builds on: it imports nothing of lmpipe/, stages/ or flows/;
+    stages/ never imports flows/ (DESIGN.md's layout)."""
+    above = {"models": ("lmpipe", "stages", "flows"), "stages": ("flows",)}
+    offences = [
+        f"{path.relative_to(ROOT)}: imports {name}"
+        for layer, forbidden in above.items()
+        for path in sorted((ROOT / layer).rglob("*.py"))
+        for name in sorted(imports(path.relative_to(ROOT), path.read_text()))
+        if name.split(".")[0] in forbidden
+    ]
     assert offences == []
 
 

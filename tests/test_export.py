@@ -155,9 +155,10 @@ def test_exported_encoder_fine_tunes_with_transformers_trainer(
         TrainingArguments,
     )
 
-    sample_pipeline.set("models", {"encoder_mlm": {"arch": "encoder", "objective": "mlm", "preset": "tiny"}})
-    run_stages(sample_pipeline, "pretrain", "encoder_mlm")
-    result = sample_pipeline.run("export", "encoder_mlm")
+    encoder = {"encoder_mlm": {"arch": "encoder", "objective": "mlm", "preset": "tiny"}}
+    with sample_pipeline.changed({"models": encoder}):
+        run_stages(sample_pipeline, "pretrain", "encoder_mlm")
+        result = sample_pipeline.run("export", "encoder_mlm")
     assert result.returncode == 0, result.stderr[-2000:]
     folder = sample_pipeline.path / "checkpoints/encoder_mlm/hf"
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["XLMRobertaXLModel"]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,20 @@ MODELS = {
 TARGET = "pretrain@decoder_clm"  # not the fine-tunes downstream
 
 
+@pytest.fixture
+def decoder_only(sample_pipeline: Workdir) -> Iterator[Workdir]:
+    """The shared sample project training only the tiny decoder; its models restored after the test."""
+    with sample_pipeline.changed({"models": {"decoder_clm": MODELS["decoder_clm"]}}):
+        yield sample_pipeline
+
+
+@pytest.fixture
+def encoder_only(sample_pipeline: Workdir) -> Iterator[Workdir]:
+    """The shared sample project training only the tiny encoder; its models restored after the test."""
+    with sample_pipeline.changed({"models": {"encoder_mlm": MODELS["encoder_mlm"]}}):
+        yield sample_pipeline
+
+
 def unigram_entropy(tokens: np.ndarray) -> float:
     counts = np.bincount(tokens).astype(np.float64)
     p = counts[counts > 0] / counts.sum()
@@ -55,12 +70,9 @@ BUDGET = {"encoder_mlm": (240, 32), "decoder_clm": (100, 16), "encdec_span": (40
 @pytest.mark.parametrize("name", list(MODELS))
 def test_each_objective_learns_real_text(real_pipeline: Workdir, name: str) -> None:
     steps, batch = BUDGET[name]
-    real_pipeline.set("models", {name: MODELS[name]})
-    real_pipeline.set("pretrain.max_steps", steps)
-    real_pipeline.set("pretrain.batch_size", batch)
-    real_pipeline.set("pretrain.lr", 0.003)
-    real_pipeline.set("pretrain.val_every", steps)
-    run_stages(real_pipeline, "pretrain", name)
+    settings = {"models": {name: MODELS[name]}, "pretrain.max_steps": steps, "pretrain.batch_size": batch}
+    with real_pipeline.changed(settings | {"pretrain.lr": 0.003, "pretrain.val_every": steps}):
+        run_stages(real_pipeline, "pretrain", name)
     path = real_pipeline.path
     meta = json.loads((path / "data/tokens/meta.json").read_text())
     baseline = unigram_entropy(np.memmap(path / "data/tokens/train.bin", dtype=meta["dtype"], mode="r"))
@@ -196,9 +208,8 @@ def test_bad_model_params_fail_early(workdir: Workdir) -> None:
     assert result.stderr.strip() == "error: params.yaml: models.nope: no such model; the models are: long"
 
 
-def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pipeline: Workdir) -> None:
-    sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
-    with sample_pipeline.changed(
+def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(decoder_only: Workdir) -> None:
+    with decoder_only.changed(
         {
             "pretrain.max_steps": 50,
             "pretrain.lr": 1.0e6,
@@ -207,7 +218,7 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pip
             "pretrain.checkpoint_every": 1,
         }
     ):
-        result = sample_pipeline.run("pretrain", "decoder_clm")
+        result = decoder_only.run("pretrain", "decoder_clm")
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: pretrain@decoder_clm: the loss became nan at step ") or last.startswith(
@@ -219,7 +230,7 @@ def test_non_finite_loss_stops_with_one_line_and_keeps_the_checkpoint(sample_pip
     assert kept, last
     assert "Traceback" not in result.stderr
     step = int(last.split(" at step ")[1].split(";")[0])
-    saved = torch.load(sample_pipeline.path / kept[1] / "last.ckpt", weights_only=False)
+    saved = torch.load(decoder_only.path / kept[1] / "last.ckpt", weights_only=False)
     assert saved["global_step"] <= step
     assert all(math.isfinite(entry["train_loss"]) for entry in saved["loss_history"])
 
@@ -234,21 +245,20 @@ def pretrain_runs(name: str) -> int:
 
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
-def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(sample_pipeline: Workdir) -> None:
+def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(decoder_only: Workdir) -> None:
     """The GPU settings on the CPU: two DDP processes (gloo) with bf16 autocast, killed after the
     checkpoint at a validation step and resumed from it, train as one process accumulating their two
     micro-batches, the curve's validation points included; rank 0 alone writes the outputs and the one
     MLflow run."""
-    sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
-    path, runs = sample_pipeline.path, pretrain_runs("decoder_clm")
+    path, runs = decoder_only.path, pretrain_runs("decoder_clm")
     # small batches: bf16 is emulated, and slow, on CPUs without AVX-512 BF16
     steps = {"pretrain.max_steps": 20, "pretrain.warmup_steps": 0, "pretrain.val_every": 10}
     steps |= {"pretrain.checkpoint_every": 5, "pretrain.precision": "bf16-mixed"}
     steps |= {"pretrain.batch_size": 4, "pretrain.seq_len": 32, "pretrain.val_batches": 2}
-    with sample_pipeline.changed(steps | {"pretrain.strategy": "ddp", "pretrain.devices": 2}):
-        killed_after("step10.ckpt", sample_pipeline)
+    with decoder_only.changed(steps | {"pretrain.strategy": "ddp", "pretrain.devices": 2}):
+        killed_after("step10.ckpt", decoder_only)
         assert not (path / "checkpoints/decoder_clm/final").exists(), "the run ended before it was killed"
-        result = sample_pipeline.run("pretrain", "decoder_clm")
+        result = decoder_only.run("pretrain", "decoder_clm")
         micro_batch = micro_batch_flops(path, "decoder_clm")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from" in result.stderr
@@ -261,8 +271,8 @@ def test_two_ddp_processes_train_as_one_process_on_the_same_global_batch(sample_
     ddp_weights = load_file(path / "checkpoints/decoder_clm/final/model.safetensors")
     ddp_curve = plots(path, "decoder_clm")
 
-    with sample_pipeline.changed(steps | {"pretrain.accumulate": 2}):
-        run_stages(sample_pipeline, "pretrain", "decoder_clm")
+    with decoder_only.changed(steps | {"pretrain.accumulate": 2}):
+        run_stages(decoder_only, "pretrain", "decoder_clm")
     one = json.loads((path / "metrics/pretrain/decoder_clm.json").read_text())
     assert (one["tokens_seen"], one["flops_per_step"]) == (ddp["tokens_seen"], ddp["flops_per_step"])
     assert one["val_loss"] == pytest.approx(ddp["val_loss"], rel=1e-3)
@@ -455,16 +465,15 @@ def test_batches_are_a_function_of_the_step(tmp_path: Path, sampling: str) -> No
         assert sorted(firsts) == [107 + 9 * r for r in range(64)]
 
 
-def test_wall_clock_budget_stops_early_and_records_steps(sample_pipeline: Workdir) -> None:
-    sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
-    with sample_pipeline.changed(
+def test_wall_clock_budget_stops_early_and_records_steps(decoder_only: Workdir) -> None:
+    with decoder_only.changed(
         {"pretrain.max_steps": 100_000, "pretrain.max_minutes": 0.05, "pretrain.val_every": 10_000}
     ):
-        run_stages(sample_pipeline, "pretrain", "decoder_clm")
-    summary = json.loads((sample_pipeline.path / "metrics/pretrain/decoder_clm.json").read_text())
+        run_stages(decoder_only, "pretrain", "decoder_clm")
+    summary = json.loads((decoder_only.path / "metrics/pretrain/decoder_clm.json").read_text())
     assert summary["stopped_by"] == "max_minutes" and 0 < summary["steps"] < 100_000
     assert (
-        json.loads((sample_pipeline.path / "checkpoints/decoder_clm/final/config.json").read_text())["steps"]
+        json.loads((decoder_only.path / "checkpoints/decoder_clm/final/config.json").read_text())["steps"]
         == summary["steps"]
     )
 
@@ -481,15 +490,14 @@ def micro_batch_flops(project: Path, name: str) -> int:
     return count_step_flops(variant.config(vocab), train)
 
 
-def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(sample_pipeline: Workdir) -> None:
+def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(decoder_only: Workdir) -> None:
     from mlflow.tracking import MlflowClient
 
-    path = sample_pipeline.path
-    sample_pipeline.set("models", {"decoder_clm": MODELS["decoder_clm"]})
+    path = decoder_only.path
     step = micro_batch_flops(path, "decoder_clm")
     budget = {"pretrain.max_steps": 3, "pretrain.warmup_steps": 2, "pretrain.val_every": 100}
-    with sample_pipeline.changed(budget | {"pretrain.max_flops": 7.5 * step}):  # max_steps gives way
-        run_stages(sample_pipeline, "pretrain", "decoder_clm")
+    with decoder_only.changed(budget | {"pretrain.max_flops": 7.5 * step}):  # max_steps gives way
+        run_stages(decoder_only, "pretrain", "decoder_clm")
     summary = json.loads((path / "metrics/pretrain/decoder_clm.json").read_text())
     assert summary["steps"] == 7 and summary["stopped_by"] == "max_flops"
     assert summary["flops_per_step"] == step and summary["train_flops"] == 7 * step
@@ -497,8 +505,8 @@ def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(sample_pipe
     run_id = find_run(DEFAULT_PARAMS["tracking"]["experiment"], PRETRAIN_RUN)
     assert MlflowClient().get_run(run_id).data.metrics["final/train_flops"] == 7 * step
 
-    with sample_pipeline.changed(budget | {"pretrain.max_flops": 1.5 * step}):
-        result = sample_pipeline.run("pretrain", "decoder_clm")
+    with decoder_only.changed(budget | {"pretrain.max_flops": 1.5 * step}):
+        result = decoder_only.run("pretrain", "decoder_clm")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: params.yaml: pretrain.max_flops: {1.5 * step:.3g} FLOPs buys 1 steps of {step:.3g} "
@@ -507,7 +515,7 @@ def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(sample_pipe
 
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
-def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
+def test_torch_compile_switch(encoder_only: Workdir) -> None:
     """`pretrain.compile` runs the model and the loss through torch.compile (TorchDynamo holds compiled
     code for both), and without it nothing is compiled."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -516,23 +524,22 @@ def test_torch_compile_switch(sample_pipeline: Workdir) -> None:
     from models.lightning import token_loss
     from models.transformer import Transformer
 
-    sample_pipeline.set("models", {"encoder_mlm": MODELS["encoder_mlm"]})
     losses = []
     for compile_ in (False, True):
         torch._dynamo.reset()
         counters.clear()
-        with sample_pipeline.changed(
+        with encoder_only.changed(
             {"pretrain.max_steps": 5, "pretrain.warmup_steps": 0, "pretrain.compile": compile_}
         ):
-            run_stages(sample_pipeline, "pretrain", "encoder_mlm")  # in this process: its counters
+            run_stages(encoder_only, "pretrain", "encoder_mlm")  # in this process: its counters
         graphs = counters["stats"]["unique_graphs"]
         assert graphs > 0 if compile_ else graphs == 0, (compile_, dict(counters["stats"]))
         compiled = [bool(_debug_get_cache_entry_list(f.__code__)) for f in (Transformer.forward, token_loss)]
         assert compiled == [compile_, compile_]
-        metrics = sample_pipeline.path / "metrics/pretrain/encoder_mlm.json"
+        metrics = encoder_only.path / "metrics/pretrain/encoder_mlm.json"
         losses.append(json.loads(metrics.read_text())["train_loss"])
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)  # the same training, compiled
-    model, config = load_pretrained(sample_pipeline.path / "checkpoints/encoder_mlm/final")
+    model, config = load_pretrained(encoder_only.path / "checkpoints/encoder_mlm/final")
     assert config["steps"] == 5 and model.num_parameters() > 0
 
 

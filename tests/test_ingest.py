@@ -192,6 +192,82 @@ def test_truncated_gzip_is_an_error(workdir) -> None:
         run(workdir)
 
 
+def _save_to_disk_then_damage(folder: Path, damage: str) -> None:
+    import datasets
+
+    datasets.Dataset.from_dict({"text": [PARA] * 3}).save_to_disk(str(folder))
+    if damage == "info":
+        write(folder / "dataset_info.json", "{not json")
+    else:
+        for arrow in folder.glob("*.arrow"):
+            write(arrow, "text, not Arrow")
+
+
+# a file that is not what its name says, and a damaged save_to_disk folder: (source, its files, the line)
+NOT_WHAT_THEY_SAY = {
+    "text as parquet": (
+        {"path": "c"},
+        {"c/a.txt": PARA, "c/b.parquet": "text, not Parquet\n" * 5},
+        "error: c/b.parquet: not a readable Parquet file (Parquet magic bytes not found in footer.",
+    ),
+    "gzipped text as parquet": (
+        {"path": "c.parquet.gz"},
+        {"c.parquet.gz": gzip.compress(b"text, not Parquet\n")},
+        "error: c.parquet.gz: not a readable Parquet file (Parquet magic bytes not found in footer.",
+    ),
+    "truncated parquet": (
+        {"path": "c.parquet"},
+        {"c.parquet": b"PAR1" + bytes(range(100)) + b"PAR1"},
+        "error: c.parquet: not a readable Parquet file (Parquet file size is 108 bytes",
+    ),
+    "binary jsonl": (
+        {"path": "c.jsonl"},
+        {"c.jsonl": bytes(range(128, 256)) * 20},
+        "error: c.jsonl:1: malformed JSON line (Expecting value, column 1)",
+    ),
+    "csv with a quote never closed": (
+        {"path": "c.csv"},
+        {"c.csv": f'text,n\n"{PARA}",1\n"{PARA},2\n{PARA},3\n'},
+        "error: c.csv:3: malformed CSV row (unexpected end of data)",
+    ),
+    "save_to_disk with broken info": (
+        {"kind": "disk", "path": "ds"},
+        "info",
+        "error: ingest.sources.src.path 'ds': not a readable datasets save_to_disk folder (Expecting",
+    ),
+    "save_to_disk with text for Arrow": (
+        {"kind": "disk", "path": "ds"},
+        "arrow",
+        "error: ingest.sources.src.path 'ds': not a readable datasets save_to_disk folder (",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_WHAT_THEY_SAY))
+def test_a_file_that_is_not_what_its_name_says_is_one_line(workdir, case: str) -> None:
+    source, files, line = NOT_WHAT_THEY_SAY[case]
+    if isinstance(files, str):
+        _save_to_disk_then_damage(workdir.path / "ds", files)
+    else:
+        for name, data in files.items():
+            write(workdir.path / name, data)
+    workdir.sources(src=source)
+    with pytest.raises(StageError) as info:  # run_main prints it as `error: <line>`, exit 2
+        run(workdir)
+    assert f"error: {info.value}".startswith(line), info.value
+    assert "\n" not in str(info.value)
+
+
+def test_a_broken_csv_row_is_skipped_and_counted_under_skip(workdir) -> None:
+    rows = f'text,n\n"{PARA}",1\n"{PARA}"x,2\nshort\n"{PARA} Again.",4\n'
+    write(workdir.path / "c.csv", rows)
+    workdir.sources(src={"path": "c.csv"})
+    workdir.set("ingest.on_malformed", "skip")
+    run(workdir)
+    assert raw_texts(workdir) == [PARA, PARA + " Again."]
+    assert metrics(workdir)["malformed_records_skipped"] == 2
+
+
 def test_failed_run_leaves_previous_outputs_untouched(workdir) -> None:
     write(workdir.path / "src/ok.txt", PARA)
     workdir.sources(src={"path": "src"})

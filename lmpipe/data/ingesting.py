@@ -204,6 +204,11 @@ def _texts(rows: Iterator[dict], where: str, column: str, column_key: str) -> It
         yield row.get(column)
 
 
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Meter) -> Iterator[Document]:
     import datasets  # slow to import; only these sources need it
 
@@ -218,8 +223,7 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Me
                 streaming=True,
             )
         except Exception as exc:  # datasets raises many types: missing, bad config, bad files
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StageError(f"{where}: cannot load: {first_line}") from None
+            raise StageError(f"{where}: cannot load: {_first_line(exc)}") from None
         prefix = f"{source.path.rstrip('/')}/{source.config or 'default'}/{source.split or 'train'}"
     else:
         where = f"{key}.path '{source.path}'"
@@ -227,6 +231,9 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Me
             data = datasets.load_from_disk(source.path)
         except FileNotFoundError:
             raise StageError(f"{where}: not a datasets save_to_disk folder") from None
+        except Exception as exc:  # a damaged folder: its JSON or Arrow files fail in many ways
+            reason = _first_line(exc)
+            raise StageError(f"{where}: not a readable datasets save_to_disk folder ({reason})") from None
         if isinstance(data, datasets.DatasetDict):
             split = source.split or ("train" if "train" in data else None)
             if split not in data:
@@ -244,16 +251,19 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Me
     rows = _texts(iter(data), where, source.text_column, f"{key}.text_column")
     meter.total_docs = source.max_documents or getattr(data, "num_rows", None)
     n = 0
-    for value in rows:
-        if value is None or not isinstance(value, str):
-            counts["null_texts_skipped"] += 1
-            continue
-        for text in split_long(value.replace("\r\n", "\n"), source.max_doc_chars):
-            yield f"{prefix}#{n}", text, NO_META
-            n += 1
-        meter.update(nbytes=len(value))
-        if source.max_documents and n >= source.max_documents:
-            break
+    try:
+        for value in rows:
+            if value is None or not isinstance(value, str):
+                counts["null_texts_skipped"] += 1
+                continue
+            for text in split_long(value.replace("\r\n", "\n"), source.max_doc_chars):
+                yield f"{prefix}#{n}", text, NO_META
+                n += 1
+            meter.update(nbytes=len(value))
+            if source.max_documents and n >= source.max_documents:
+                break
+    except (pa.ArrowException, OSError) as exc:  # Arrow files damaged past their header
+        raise StageError(f"{where}: unreadable rows ({_first_line(exc)})") from None
 
 
 def glue_manifest(source: SourceParams, key: str) -> dict:

@@ -178,7 +178,8 @@ class FileReader:
             if path.stat().st_size == 0:
                 self._empty(path)
                 return
-            yield from _unmarked(self._parquet(path, pq.ParquetFile(path)))
+            with _parquet_errors(path):
+                yield from _unmarked(self._parquet(path, pq.ParquetFile(path)))
             return
         with open_binary(path) as handle:
             first = handle.read(SNIFF)
@@ -186,8 +187,9 @@ class FileReader:
                 self._empty(path)
                 return
             if fmt == "parquet":  # a compressed parquet file: its footer is at the end, so read it whole
-                whole = pq.ParquetFile(pa.BufferReader(first + handle.read()))
-                yield from _unmarked(self._parquet(path, whole))
+                with _parquet_errors(path):
+                    whole = pq.ParquetFile(pa.BufferReader(first + handle.read()))
+                    yield from _unmarked(self._parquet(path, whole))
                 return
             if b"\x00" in first:
                 self.counts["binary_files_skipped"] += 1
@@ -288,15 +290,27 @@ class FileReader:
                 yield from self._documents(value)
 
     def _csv(self, path: Path, texts: Iterator[str]) -> Iterator[str]:
-        reader = csv.DictReader(_lines(texts))
-        if self.text_column not in (reader.fieldnames or []):
-            raise _missing_column(path, self.text_column, list(reader.fieldnames or []), self.column_key)
-        for row in reader:
+        # strict: a quote that never closes is an error, not the rest of the file read as one field
+        reader = csv.DictReader(_lines(texts), strict=True)
+        try:
+            header = list(reader.fieldnames or [])
+        except csv.Error as exc:
+            raise StageError(f"{path}:1: malformed CSV header ({exc})") from None
+        if self.text_column not in header:
+            raise _missing_column(path, self.text_column, header, self.column_key)
+        rows = iter(reader)
+        while True:
+            start = reader.line_num + 1  # where the row begins: a quoted field may span lines
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                self._malformed(f"{path}:{start}", f"malformed CSV row ({exc})")
+                continue
             value = row.get(self.text_column)
-            if value is None or None in row:
-                self._malformed(
-                    f"{path}:{reader.line_num}", "row has a different number of fields than the header"
-                )
+            if value is None or None in row or None in row.values():
+                self._malformed(f"{path}:{start}", "row has a different number of fields than the header")
                 continue
             yield from self._documents(value)
 
@@ -313,6 +327,16 @@ class FileReader:
                     self.counts["null_texts_skipped"] += 1
                 else:
                     yield from self._documents(value)
+
+
+@contextmanager
+def _parquet_errors(path: Path) -> Iterator[None]:
+    """pyarrow's errors on a file that is not Parquet, or a damaged one, as one line naming it."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StageError(f"{path}: not a readable Parquet file ({reason})") from None
 
 
 class _Prepended(io.RawIOBase):

@@ -257,3 +257,24 @@ def test_bad_prediction_files_are_named_and_nothing_is_written(scored: Workdir) 
         StageError, match=r"enc/mrpc/scratch/summary.json: missing; run the 'finetune_scratch@enc-mrpc'"
     ):
         evaluate.main()
+
+
+def test_the_chart_s_legend_lies_outside_the_bars() -> None:
+    """Three models of two inits on three tasks and the average, bars up to the top: the legend's box
+    meets no bar, no error bar and no part of the axes."""
+    import matplotlib.pyplot as plt
+
+    from lmpipe.report.glue import bar_figure
+
+    keys = ["cola", "stsb", "mrpc", "average"]
+    scores = {init: {k: 95.0 for k in keys} for init in ("pretrained", "scratch")}
+    spread = {f"{init}_std": {k: 4.0 for k in keys} for init in ("pretrained", "scratch")}
+    summary = {model: scores | spread for model in ("encoder_mlm", "decoder_clm", "encdec_span")}
+    fig = bar_figure(summary, synthetic=True)
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    ax = fig.axes[0]
+    assert len(fig.legends[0].get_texts()) == 6
+    assert not legend.overlaps(ax.get_window_extent())
+    assert not legend.overlaps(ax.get_tightbbox())  # tick labels and the axis title too
+    plt.close(fig)

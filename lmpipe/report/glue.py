@@ -383,11 +383,9 @@ def report(
     return "\n".join(lines)
 
 
-def bar_chart(summary: dict[str, Any], synthetic: bool) -> bytes:
+def bar_figure(summary: dict[str, Any], synthetic: bool) -> Any:
     """Grouped bars per evaluation: a hue per model, scratch lighter and hatched; error bars are the
-    standard deviation over seeds."""
-    import io
-
+    standard deviation over seeds; the legend below the axes, a column per model, never over a bar."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -396,7 +394,8 @@ def bar_chart(summary: dict[str, Any], synthetic: bool) -> bytes:
     keys = list(next(iter(summary.values()))["pretrained"])
     bars = [(model, init) for model in summary for init in INITS]
     colors = plt.get_cmap("tab10").colors
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(keys) * len(bars) / 4), 4), dpi=100)
+    size = (max(6, 1.2 * len(keys) * len(bars) / 4), 4 + 0.25 * len(INITS))
+    fig, ax = plt.subplots(figsize=size, dpi=100, layout="constrained")
     width = 0.8 / len(bars)
     for i, (model, init) in enumerate(bars):
         scratch = init == "scratch"
@@ -415,8 +414,17 @@ def bar_chart(summary: dict[str, Any], synthetic: bool) -> bytes:
     ax.set_xticks(np.arange(len(keys)), [title(k) for k in keys])
     ax.set_ylabel("score ×100 (median; bars: std over seeds)")
     ax.set_title("GLUE validation" + (" (synthetic tasks)" if synthetic else ""))
-    ax.legend(fontsize="small", ncols=2)
-    fig.tight_layout()
+    fig.legend(loc="outside lower center", fontsize="small", ncols=len(summary))
+    return fig
+
+
+def bar_chart(summary: dict[str, Any], synthetic: bool) -> bytes:
+    """`bar_figure` as PNG bytes."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig = bar_figure(summary, synthetic)
     png = io.BytesIO()
     fig.savefig(png, format="png", metadata={"Software": None})  # no version stamp: same bytes
     plt.close(fig)

@@ -99,15 +99,24 @@ def remote_code() -> str:
     return "".join(parts)
 
 
-def readme(name: str, architecture: str, why: str, remote: bool, weights_sha256: str) -> str:
+def readme(name: str, architecture: str, why: str, config: dict, weights_sha256: str) -> str:
+    remote = architecture.startswith("Lmpipe")
     load = "AutoModel.from_pretrained(path" + (", trust_remote_code=True)" if remote else ")")
+    fill_mask = ""
+    if "custom_pipelines" in config:
+        masked_lm = config["auto_map"]["AutoModelForMaskedLM"].split(".")[-1]
+        fill_mask = f"""- Fill a mask: `pipeline("fill-mask", model=path, trust_remote_code=True)` runs
+  `{masked_lm}` (modeling_lmpipe.py), the head this model was trained with; without
+  `trust_remote_code` the pipeline refuses, and `AutoModelForMaskedLM` without it would build the
+  native class's head, which was never trained.
+"""
     return f"""# {name}: a pretrained lmpipe model for transformers
 
 - Class: `{architecture}`. Why: {why}.
 - Load: `{load}` and `AutoTokenizer.from_pretrained(path)`; `AutoModelForSequenceClassification`
   gives a fine-tunable classifier ({"our pooling and a linear head" if remote else "the class's own head"}).
-- Tokenizer: the project's SentencePiece model as a `tokenizers` Unigram: the same ids for any text,
-  and `[CLS] a [SEP]` / `[CLS] a [SEP] b [SEP]` as our fine-tuning encodes (no segment embeddings).
+{fill_mask}- Tokenizer: the project's SentencePiece model as a `tokenizers` Unigram: the same ids for any
+  text, and `[CLS] a [SEP]` / `[CLS] a [SEP] b [SEP]` as our fine-tuning encodes (no segment embeddings).
   One difference: a literal special-token string in raw text (`[MASK]`) becomes that token here, as in
   every transformers tokenizer, while SentencePiece spells it out.
 - Weights: exported from `checkpoints/{name}/final` (sha256 of model.safetensors `{weights_sha256}`);
@@ -129,7 +138,6 @@ def write_export(
     from models.hf import hf_layout
 
     layout = layout or hf_layout(model)
-    remote = layout.architecture.startswith("Lmpipe")
     tokenizer = hf_tokenizer(spm_model, model.cfg.max_len)
     if tokenizer.get_vocab_size() != model.cfg.vocab_size:
         raise ExportError(
@@ -142,10 +150,12 @@ def write_export(
     tensors = {key: value.detach().contiguous().clone() for key, value in layout.tensors.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_json(out / "config.json", {"architectures": [layout.architecture], **layout.config})
-    if remote:
+    if "auto_map" in layout.config:  # remote code: the whole model's, or a native encoder's masked LM
         (out / "modeling_lmpipe.py").write_text(remote_code(), encoding="utf-8")
     tokenizer.save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", tokenizer_config(model.cfg.max_len, sentinels))
-    text = readme(provenance["name"], layout.architecture, layout.why, remote, provenance["weights_sha256"])
+    text = readme(
+        provenance["name"], layout.architecture, layout.why, layout.config, provenance["weights_sha256"]
+    )
     (out / "README.md").write_text(text, encoding="utf-8")
     return layout

@@ -47,6 +47,23 @@ def hf_layout(model: Transformer) -> HFLayout:
     return _remote(model)
 
 
+# what makes `pipeline("fill-mask", model=path)` use an encoder's trained head (models/hf_remote.py)
+FILL_MASK = {
+    "fill-mask": {
+        "impl": "modeling_lmpipe.LmpipeFillMaskPipeline",
+        "pt": ["AutoModelForMaskedLM"],
+        "type": "text",
+    }
+}
+
+
+def _tied_masked_lm(class_name: str) -> dict[str, Any]:
+    """A native encoder's masked-LM class: the remote one of models/hf_remote.py that has the head ours
+    trained, and the fill-mask pipeline that loads it."""
+    masked_lm = {"AutoModelForMaskedLM": f"modeling_lmpipe.{class_name}"}
+    return {"auto_map": masked_lm, "custom_pipelines": FILL_MASK}
+
+
 def _common(model: Transformer) -> dict[str, Any]:
     cfg = model.cfg
     return {
@@ -153,10 +170,11 @@ def _bert(model: Transformer) -> HFLayout:
     tensors["embeddings.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
     tensors |= _encoder_layers(model, pre_norm=False)
     config = _encoder_config(model, cfg.max_len) | {"model_type": "bert"}
+    config |= _tied_masked_lm("BertForTiedMaskedLM")
     why = (
         "a post-norm encoder with learned positions, LayerNorm on the embeddings, GELU and biases is "
         "BERT exactly (BertModel: hidden states; BertForMaskedLM's head has a transform ours lacks, so "
-        "MLM logits are the hidden states times the word embeddings)"
+        "the masked-LM class is the remote BertForTiedMaskedLM: the hidden states times the word embeddings)"
     )
     return HFLayout("BertModel", config, tensors, why)
 
@@ -171,10 +189,12 @@ def _xlm_roberta_xl(model: Transformer) -> HFLayout:
     tensors["encoder.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
     tensors |= _encoder_layers(model, pre_norm=True)
     config = _encoder_config(model, cfg.max_len + offset) | {"model_type": "xlm-roberta-xl"}
+    config |= _tied_masked_lm("XLMRobertaXLForTiedMaskedLM")
     why = (
         "a pre-norm encoder with learned positions and no norm on the embeddings is XLM-RoBERTa-XL "
         "exactly (RoBERTa-PreLayerNorm normalises the embeddings, ours does not; XLMRobertaXLModel: "
-        "hidden states, MLM logits are the hidden states times the word embeddings)"
+        "hidden states; its masked-LM head has a transform ours lacks, so the masked-LM class is the "
+        "remote XLMRobertaXLForTiedMaskedLM: the hidden states times the word embeddings)"
     )
     return HFLayout("XLMRobertaXLModel", config, tensors, why)
 
@@ -210,6 +230,8 @@ def _remote(model: Transformer) -> HFLayout:
             "AutoModelForSequenceClassification": "modeling_lmpipe.LmpipeForSequenceClassification",
         },
     }
+    if cfg.arch == "encoder":
+        config["custom_pipelines"] = FILL_MASK
     tensors = {f"net.{key}": value for key, value in model.state_dict().items()}
     return HFLayout(
         "LmpipeForLM", config, tensors, f"{reason}: remote code (trust_remote_code=True) runs our modules"

@@ -1,5 +1,7 @@
 """transformers classes around our Transformer, for configurations no transformers class computes
-exactly (rotary or sinusoidal positions, RMSNorm, SwiGLU, no biases, our encoder-decoder).
+exactly (rotary or sinusoidal positions, RMSNorm, SwiGLU, no biases, our encoder-decoder); and the
+masked-LM head our encoders train (the hidden states times the word embeddings: no transform, no bias)
+on transformers' own BERT and XLM-RoBERTa-XL, whose masked-LM classes add a transform it never trained.
 
 An export writes models/config.py, models/transformer.py and this file, concatenated, as
 `modeling_lmpipe.py`: the modules that trained the weights, loaded with
@@ -13,7 +15,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import (
+    BertModel,
+    BertPreTrainedModel,
+    FillMaskPipeline,
+    PretrainedConfig,
+    PreTrainedModel,
+    XLMRobertaXLModel,
+    XLMRobertaXLPreTrainedModel,
+)
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from models.config import ModelConfig
@@ -149,6 +159,59 @@ class LmpipeForSequenceClassification(LmpipePreTrainedModel):
             else:
                 loss = F.cross_entropy(logits, labels.long())
         return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+def _masked_lm_output(logits: Tensor, labels: Tensor | None) -> MaskedLMOutput:
+    loss = None
+    if labels is not None:
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    return MaskedLMOutput(loss=loss, logits=logits)
+
+
+class BertForTiedMaskedLM(BertPreTrainedModel):
+    """BertModel's hidden states times its word embeddings: the masked-LM logits our post-norm encoder
+    trained (BertForMaskedLM's head adds a dense layer, GELU, LayerNorm and a bias)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        **kwargs: Any,
+    ) -> MaskedLMOutput:
+        hidden = self.bert(input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        return _masked_lm_output(F.linear(hidden, self.bert.embeddings.word_embeddings.weight), labels)
+
+
+class XLMRobertaXLForTiedMaskedLM(XLMRobertaXLPreTrainedModel):
+    """XLMRobertaXLModel's hidden states times its word embeddings: the masked-LM logits our pre-norm
+    encoder trained (XLMRobertaXLForMaskedLM's head adds a dense layer, GELU, LayerNorm and a bias)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.roberta = XLMRobertaXLModel(config, add_pooling_layer=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        **kwargs: Any,
+    ) -> MaskedLMOutput:
+        hidden = self.roberta(input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        return _masked_lm_output(F.linear(hidden, self.roberta.embeddings.word_embeddings.weight), labels)
+
+
+class LmpipeFillMaskPipeline(FillMaskPipeline):
+    """transformers' fill-mask pipeline, registered in an encoder export's `custom_pipelines`: so that
+    `pipeline("fill-mask", model=path)` asks for `trust_remote_code=True` (and then uses the trained
+    head above) instead of building the native class's untrained one."""
 
 
 def _decoder(kwargs: dict[str, Any]) -> tuple[Tensor | None, Tensor | None]:

@@ -96,6 +96,43 @@ def test_transformers_computes_what_ours_does_on_real_text(
     assert want[mask].abs().max() > 0.1  # real numbers compared, not zeros
 
 
+@pytest.mark.parametrize(
+    ("variant", "hf_class"), [(v, c) for arch, v, c in VARIANTS if arch == "encoder"], ids=lambda v: str(v)
+)
+def test_every_encoder_export_fills_a_mask_with_the_head_it_was_trained_with(
+    tmp_path: Path, real_text: tuple[Path, list[str]], variant: dict, hf_class: str
+) -> None:
+    """AutoModelForMaskedLM's logits are ours (the hidden states times the word embeddings, as
+    pretraining computed them), and `pipeline("fill-mask")` ranks and scores the tokens as our logits
+    do; without trust_remote_code the pipeline refuses rather than build an untrained head."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+
+    spm_model, lines = real_text
+    model, architecture = exported(tmp_path, "encoder", variant, spm_model)
+    assert architecture == hf_class
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=True)
+    masked = [" ".join(words[:3] + ["[MASK]"] + words[4:]) for words in (line.split() for line in lines[:8])]
+    batch = tokenizer(masked, padding=True, truncation=True, return_tensors="pt")
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    assert not mask.all() and (ids == tokenizer.mask_token_id).sum() == len(masked)
+    theirs = AutoModelForMaskedLM.from_pretrained(tmp_path, trust_remote_code=True)
+    with torch.no_grad():
+        got = theirs(input_ids=ids, attention_mask=batch["attention_mask"]).logits
+        want = model.lm_logits(model.encode(ids, mask))
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
+    assert want[mask].abs().max() > 0.1
+
+    fill = pipeline("fill-mask", model=str(tmp_path), trust_remote_code=True, device="cpu")
+    answers = fill(masked[0], top_k=5)
+    at = int((ids[0] == tokenizer.mask_token_id).nonzero())
+    probabilities = want[0, at].softmax(-1)
+    best = probabilities.topk(5)
+    assert [a["token"] for a in answers] == best.indices.tolist()
+    assert [a["score"] for a in answers] == pytest.approx(best.values.tolist(), abs=1e-6)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        pipeline("fill-mask", model=str(tmp_path), device="cpu")
+
+
 @pytest.fixture(scope="module")
 def bpe_model(real_pipeline: Workdir, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SentencePiece BPE model (tokenizer.model_type: bpe, case-folding normalisation), trained by

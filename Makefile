@@ -42,13 +42,14 @@ ui: setup
 	print('MLflow:', ui_link(tracking_experiment(), $(UI_PORT)))"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
-# the tests' environment: setup's and the hf extra (transformers, for the export tests), in one install
+# the tests' environment: setup's, the hf extra (transformers, for the export tests) and the bench extra
+# (the references of bench/, whose scripts the suite runs at a toy size), in one install
 TEST_STAMP := $(VENV)/.installed-test
 test-setup: $(TEST_STAMP)
 
 $(TEST_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(INSTALL) '.[dev,hf]'
+	$(INSTALL) '.[dev,hf,bench]'
 	touch $(STAMP) $@
 
 # PYTEST_ARGS='-m "not slow"' leaves out the slow tier (real-text learning, resume, DDP, compile, fan-out)
@@ -65,6 +66,7 @@ bench: setup
 	$(BIN)/python bench/clean_reference.py
 	$(BIN)/python bench/clean_reference.py --generated-mb 100
 	$(BIN)/python bench/train_throughput.py
+	$(BIN)/python bench/threads.py
 	$(BIN)/python bench/pipeline_flow.py
 
 clean-venv:

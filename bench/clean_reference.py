@@ -284,13 +284,13 @@ def compare(project: Path, rules: str, planted: list[str] | None, work: Path, co
             }
             row = {"measure": "planted_copies_removed", "rules": rules, "kind": kind, "copies": len(copies)}
             print(json.dumps({**row, **removed}), flush=True)
-    rules = datatrove_rules(cfg)
+    filters = datatrove_rules(cfg)
     for side, kept, other in (("ours", ours, theirs), ("datatrove", theirs, ours)):
         reasons = Counter()
         for doc_id in sorted(kept - other):
             text = normalize(rows[doc_id])
             if side == "ours":
-                reasons[datatrove_reason(text, rules)] += 1
+                reasons[datatrove_reason(text, filters)] += 1
             else:
                 reasons[failed_rule(text, cfg) or "passed our rules: a duplicate"] += 1
         row = {"measure": "kept_only_by", "rules": rules, "side": side, "dropped_by_the_other": dict(reasons)}
@@ -299,14 +299,14 @@ def compare(project: Path, rules: str, planted: list[str] | None, work: Path, co
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--generated-mb", type=int, help="data_scale's generated corpus of this size instead")
+    parser.add_argument("--generated-mb", type=float, help="data_scale.py's generated corpus of this size")
     parser.add_argument("--work", type=Path, help="corpora and projects (default: a temporary one)")
     args = parser.parse_args()
     corpus = corpus_dir()
     work = args.work or Path(tempfile.mkdtemp(prefix="clean-reference-"))
     cores = len(os.sched_getaffinity(0))
     if args.generated_mb:
-        text, planted = work / f"generated-{args.generated_mb}mb", None
+        text, planted = work / f"generated-{args.generated_mb:g}mb", None
         if not text.exists():
             generate(text, sentences(corpus), args.generated_mb)
         source = {"path": str(text), "include": ["*.txt"]}

@@ -1,7 +1,7 @@
 """Data-stage throughput on real text: clean MB/s (near-dedup on), pack tokens/s, and pack against a
 `datasets.Dataset.map(batched=True, num_proc=N)` + SentencePiece reference, in one process.
 
-    CORPUS_DIR=../shared/data/corpus python bench/data_throughput.py [--repeats 3] [--copies 4]
+    CORPUS_DIR=../shared/data/corpus python bench/data_throughput.py [--repeats 5] [--copies 4]
 
 Prints one JSON line per measure. Not a test: nothing here asserts a time.
 """
@@ -47,9 +47,9 @@ def _reference_encode(batch: dict, model_file: str) -> dict:
 
 def ours_pack(documents: Path, model_file: Path, cfg: PackParams, out: Path) -> int:
     shutil.rmtree(PACK_WORK, ignore_errors=True)  # from the start each time, not resumed
-    tokens = sum(c["tokens"] for c in pack([documents], model_file, cfg, 1, None, out).values())
+    counts = pack([documents], model_file, cfg, 1, None, out)
     shutil.rmtree(PACK_WORK)
-    return tokens
+    return counts["train"]["tokens"] + counts["val"]["tokens"]
 
 
 def reference_pack(documents: Path, model_file: str, workers: int, out: Path) -> int:
@@ -84,6 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--copies", type=int, default=4, help="the clean corpus repeated for pack")
+    parser.add_argument("--vocab-size", type=int, default=16000, help="of the tokenizer pack encodes with")
     args = parser.parse_args()
     corpus = Path(os.environ.get("CORPUS_DIR", ROOT.parent / "shared/data/corpus"))
     if not corpus.is_dir():
@@ -95,7 +96,7 @@ def main() -> None:
         params["ingest"]["sources"] = {
             "real": {"path": str(corpus), "include": ["*.txt"], "split_by": "chunks", "max_doc_chars": 8000}
         }
-        params["tokenizer"]["vocab_size"] = 16000
+        params["tokenizer"]["vocab_size"] = args.vocab_size
         Path("params.yaml").write_text(yaml.safe_dump(params))
         ingest.main(["real"])
         raw_mb = (

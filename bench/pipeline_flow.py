@@ -1,12 +1,13 @@
 """The Prefect pipeline flow against `dvc repro`: the whole graph of the offline default profile.
 
-    python bench/pipeline_flow.py [--max-parallel 2]
+    python bench/pipeline_flow.py [--max-parallel 2] [--target STAGE ...]
 
 Each runner gets a fresh clone of this repository's HEAD (no outputs, an empty DVC cache and MLflow
 store) and brings the graph up to date: the reference is `dvc repro` (one stage at a time, under one
 repository lock), ours is `python -m flows.pipeline` (independent stages side by side). Prints one
 JSON line per runner and the ratio, and checks that both leave the same dvc.lock: the flow's
 bookkeeping (`dvc status` / command / `dvc commit`) must record exactly what `dvc repro` records.
+`--target` brings only those stages (and what they depend on) up to date, in both runners.
 Not a test: nothing here asserts a time.
 """
 
@@ -49,10 +50,12 @@ def run(command: list[str]) -> tuple[float, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-parallel", type=int, default=2)
+    parser.add_argument("--target", action="append", default=[], help="a stage or group; repeatable")
     args = parser.parse_args()
+    flow = [sys.executable, "-m", "flows.pipeline", "--max-parallel", str(args.max_parallel)]
     runners = {
-        "dvc repro": [sys.executable, "-m", "dvc", "repro"],
-        "flows.pipeline": [sys.executable, "-m", "flows.pipeline", "--max-parallel", str(args.max_parallel)],
+        "dvc repro": [sys.executable, "-m", "dvc", "repro", *args.target],
+        "flows.pipeline": flow + [f"--target={target}" for target in args.target],
     }
     seconds, locks = {}, {}
     for name, command in runners.items():

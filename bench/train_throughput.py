@@ -1,6 +1,6 @@
 """Training throughput: our models vs the Hugging Face transformers references with identical sizes.
 
-    python bench/train_throughput.py [--steps 10] [--warmup 3]
+    python bench/train_throughput.py [--steps 10] [--warmup 3] [--size tiny]
 
 For each objective (MLM: BertForMaskedLM, CLM: GPT2LMHeadModel, span: T5ForConditionalGeneration) one
 fwd+bwd+AdamW step on the same batch, alternating ours and the reference in one process, the median of
@@ -28,29 +28,36 @@ from models.config import ModelConfig  # noqa: E402
 from models.lightning import PretrainModule, make_batch  # noqa: E402
 from models.objectives.base import batch_generator
 
-V, D, LAYERS, HEADS, FF, SEQ, BATCH = 16000, 256, 4, 4, 1024, 128, 16
+# vocabulary, width, layers, heads, feed-forward width, sequence, batch: the measured size, and one for
+# a smoke run (tests/test_bench.py)
+SIZES = {
+    "bench": (16000, 256, 4, 4, 1024, 128, 16),
+    "tiny": (1000, 64, 2, 2, 128, 32, 4),
+}
 ARCH = {"mlm": "encoder", "clm": "decoder", "span": "encoder_decoder"}
 
 
-def batch_for(objective: str) -> dict[str, torch.Tensor]:
-    cfg = train_config(objective, PretrainParams(seq_len=SEQ, batch_size=BATCH), ObjectivesParams(), 0)
+def batch_for(objective: str, size: str) -> dict[str, torch.Tensor]:
+    vocab, _, _, _, _, seq, batch = SIZES[size]
+    cfg = train_config(objective, PretrainParams(seq_len=seq, batch_size=batch), ObjectivesParams(), 0)
     g = batch_generator(0, 0)
-    rows = torch.randint(107, V, (BATCH, cfg.row_length()), generator=g)
-    return make_batch(rows, cfg, g, V)
+    rows = torch.randint(107, vocab, (batch, cfg.row_length()), generator=g)
+    return make_batch(rows, cfg, g, vocab)
 
 
-def ours(objective: str):
+def ours(objective: str, size: str):
+    vocab, width, layers, heads, ff, seq, _ = SIZES[size]
     cfg = ModelConfig(
         arch=ARCH[objective],
-        vocab_size=V,
-        d_model=D,
-        n_layers=LAYERS,
-        n_heads=HEADS,
-        d_ff=FF,
-        max_len=SEQ,
+        vocab_size=vocab,
+        d_model=width,
+        n_layers=layers,
+        n_heads=heads,
+        d_ff=ff,
+        max_len=seq,
         bias=True,
     )
-    train = train_config(objective, PretrainParams(seq_len=SEQ), ObjectivesParams(), 0)
+    train = train_config(objective, PretrainParams(seq_len=seq), ObjectivesParams(), 0)
     module = PretrainModule(cfg.to_dict(), train.__dict__)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
 
@@ -64,34 +71,36 @@ def ours(objective: str):
     return step
 
 
-def reference(objective: str):
+def reference(objective: str, size: str):
     import transformers as tf
 
+    vocab, width, layers, heads, ff, seq, _ = SIZES[size]
     if objective == "mlm":
         model = tf.BertForMaskedLM(
             tf.BertConfig(
-                vocab_size=V,
-                hidden_size=D,
-                num_hidden_layers=LAYERS,
-                num_attention_heads=HEADS,
-                intermediate_size=FF,
-                max_position_embeddings=SEQ,
+                vocab_size=vocab,
+                hidden_size=width,
+                num_hidden_layers=layers,
+                num_attention_heads=heads,
+                intermediate_size=ff,
+                max_position_embeddings=seq,
             )
         )
     elif objective == "clm":
-        model = tf.GPT2LMHeadModel(
-            tf.GPT2Config(vocab_size=V, n_embd=D, n_layer=LAYERS, n_head=HEADS, n_inner=FF, n_positions=SEQ)
+        config = tf.GPT2Config(
+            vocab_size=vocab, n_embd=width, n_layer=layers, n_head=heads, n_inner=ff, n_positions=seq
         )
+        model = tf.GPT2LMHeadModel(config)
     else:
         model = tf.T5ForConditionalGeneration(
             tf.T5Config(
-                vocab_size=V,
-                d_model=D,
-                d_ff=FF,
-                num_layers=LAYERS,
-                num_decoder_layers=LAYERS,
-                num_heads=HEADS,
-                d_kv=D // HEADS,
+                vocab_size=vocab,
+                d_model=width,
+                d_ff=ff,
+                num_layers=layers,
+                num_decoder_layers=layers,
+                num_heads=heads,
+                d_kv=width // heads,
                 decoder_start_token_id=0,
                 pad_token_id=0,
                 eos_token_id=3,
@@ -125,20 +134,20 @@ def _status_mb(field: str) -> float:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def peak_memory_mb(kind: str, objective: str, queue: multiprocessing.Queue) -> None:
+def peak_memory_mb(kind: str, objective: str, size: str, queue: multiprocessing.Queue) -> None:
     """Peak resident memory added by building the model and taking three training steps."""
     before = _status_mb("VmRSS")  # VmHWM, unlike ru_maxrss, starts afresh in a new process image
-    step = (ours if kind == "ours" else reference)(objective)
-    batch = batch_for(objective)
+    step = (ours if kind == "ours" else reference)(objective, size)
+    batch = batch_for(objective, size)
     for _ in range(3):
         step(batch)
     queue.put(_status_mb("VmHWM") - before)
 
 
-def measure_memory(kind: str, objective: str) -> float:
+def measure_memory(kind: str, objective: str, size: str) -> float:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    process = ctx.Process(target=peak_memory_mb, args=(kind, objective, queue))
+    process = ctx.Process(target=peak_memory_mb, args=(kind, objective, size, queue))
     process.start()
     value = queue.get(timeout=600)
     process.join()
@@ -150,12 +159,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--objectives", nargs="+", default=["mlm", "clm", "span"])
+    parser.add_argument("--size", choices=list(SIZES), default="bench", help="tiny: a smoke run")
+    parser.add_argument(
+        "--memory", action=argparse.BooleanOptionalAction, default=True, help="peak memory, a process each"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     for objective in args.objectives:
-        batch = batch_for(objective)
+        batch = batch_for(objective, args.size)
         tokens = batch["input_ids"].numel()
-        steps = {"ours": ours(objective), "ref": reference(objective)}
+        steps = {"ours": ours(objective, args.size), "ref": reference(objective, args.size)}
         times: dict[str, list[float]] = {"ours": [], "ref": []}
         for i in range(args.warmup + args.steps):
             for name, step in steps.items():
@@ -165,20 +178,18 @@ def main() -> None:
                     times[name].append(time.perf_counter() - start)
         ours_tps = tokens / statistics.median(times["ours"])
         ref_tps = tokens / statistics.median(times["ref"])
-        print(
-            json.dumps(
-                {
-                    "objective": objective,
-                    "ours_tokens_per_s": round(ours_tps),
-                    "ref_tokens_per_s": round(ref_tps),
-                    "ratio": round(ours_tps / ref_tps, 2),
-                    "threads": torch.get_num_threads(),
-                    "ours_peak_mb": measure_memory("ours", objective),
-                    "ref_peak_mb": measure_memory("ref", objective),
-                }
-            ),
-            flush=True,
-        )
+        line = {
+            "objective": objective,
+            "ours_tokens_per_s": round(ours_tps),
+            "ref_tokens_per_s": round(ref_tps),
+            "ratio": round(ours_tps / ref_tps, 2),
+            "threads": torch.get_num_threads(),
+            "size": args.size,
+        }
+        if args.memory:
+            line["ours_peak_mb"] = measure_memory("ours", objective, args.size)
+            line["ref_peak_mb"] = measure_memory("ref", objective, args.size)
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

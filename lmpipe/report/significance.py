@@ -12,8 +12,9 @@ resampled independently), averaged draw by draw. A `within noise` verdict is rea
 detectable effect: the smallest |Δ| it calls `better` or `worse` 80 % of the time, (z₀.₉₇₅ + z₀.₈) ≈ 2.8
 bootstrap standard errors (a normal approximation); an effect below it needs more dev examples or seeds.
 
-The metrics are vectorised over resamples; on one resample they equal scikit-learn's and SciPy's
-(`lmpipe.glue.tasks.scores`), which the tests check.
+The metrics are vectorised over resamples: a resample is the dev set with weights (how often each
+example was drawn), so its sums are one matrix product for every seed and system. On one resample
+they equal scikit-learn's and SciPy's (`lmpipe.glue.tasks.scores`), which the tests check.
 """
 
 from __future__ import annotations
@@ -70,54 +71,97 @@ def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     return np.where(denominator == 0, 0.0, numerator / safe)
 
 
-def _pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    x = x - x.mean(axis=-1, keepdims=True)
-    y = y - y.mean(axis=-1, keepdims=True)
-    return _ratio(np.sum(x * y, axis=-1), np.sqrt(np.sum(x * x, axis=-1) * np.sum(y * y, axis=-1)))
+def _weights(draws: np.ndarray, n: int) -> np.ndarray:
+    """[resamples, n]: how often each example was drawn in each resample. A resample's metric is a
+    weighted one over the dev set: sums over the drawn examples are these weights times the examples'
+    values, one matrix product for every seed, system and metric (no copy of the drawn examples)."""
+    rows = draws.shape[0]
+    flat = (draws + n * np.arange(rows)[:, None]).ravel()
+    return np.bincount(flat, minlength=rows * n).reshape(rows, n).astype(np.float64)
 
 
-def _ranks(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """The average ranks (as `scipy.stats.rankdata`) of `values[draws]` within each row of draws, by
-    counting how often each distinct value was drawn: linear in the examples, no sort per resample."""
+def _pearson(n: np.ndarray, x: np.ndarray, y: np.ndarray, xx: np.ndarray, yy: np.ndarray, xy: np.ndarray):
+    """Pearson's r of each resample from its `n` examples' weighted sums of x, y, x², y² and xy."""
+    return _ratio(xy - x * y / n, np.sqrt((xx - x**2 / n) * (yy - y**2 / n)))
+
+
+def _ranks(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[resamples, n]: each example's average rank (as `scipy.stats.rankdata`) among the examples
+    drawn, from how often each distinct value was drawn: linear in the examples, no sort per
+    resample. An example not drawn gets the rank it would have had; its weight is 0."""
     distinct, inverse = np.unique(values, return_inverse=True)
-    drawn = inverse[draws]
-    rows, k = drawn.shape[0], len(distinct)
-    counts = np.bincount((drawn + k * np.arange(rows)[:, None]).ravel(), minlength=rows * k)
-    counts = counts.reshape(rows, k)
+    order = np.argsort(inverse, kind="stable")
+    if len(distinct) == len(values):  # no ties (a regression's predictions): a value per example
+        counts = weights[:, order]
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+    else:
+        starts = np.searchsorted(inverse[order], np.arange(len(distinct)))
+        counts = np.add.reduceat(weights[:, order], starts, axis=1)  # [resamples, distinct values]
     rank = np.cumsum(counts, axis=1) - counts + (counts + 1) / 2
-    return np.take_along_axis(rank, drawn, axis=1)
+    return rank[:, inverse]
+
+
+class Resamples:
+    """One batch of resamples of a dev set: each example's weight (how often it was drawn) in each
+    resample, and what the labels give every system and seed compared on it (their ranks, once)."""
+
+    def __init__(self, draws: np.ndarray, labels: np.ndarray) -> None:
+        self.labels = labels
+        self.weights = _weights(draws, len(labels))
+        self.n = self.weights.sum(axis=-1)
+        self._label_ranks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def label_ranks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The labels' ranks in each resample, and their weighted sum and sum of squares."""
+        if self._label_ranks is None:
+            y = _ranks(self.labels, self.weights)
+            self._label_ranks = y, (self.weights * y).sum(-1), (self.weights * y * y).sum(-1)
+        return self._label_ranks
+
+    def metric(self, name: str, predictions: np.ndarray) -> np.ndarray:
+        """[seeds, resamples]: one GLUE metric of each seed's predictions [seeds, n] on each resample."""
+        weights, labels, n = self.weights, self.labels, self.n
+        if name == "spearmanr":  # Pearson of the average ranks, as scipy.stats.spearmanr
+            y, sum_y, sum_yy = self.label_ranks()
+            found = []
+            for seed_predictions in predictions:
+                x = _ranks(seed_predictions, weights)
+                wx = weights * x
+                found.append(_pearson(n, wx.sum(-1), sum_y, (wx * x).sum(-1), sum_yy, (wx * y).sum(-1)))
+            return np.array(found)
+        if name == "pearson":
+            x, y = predictions.astype(float), labels.astype(float)
+            sums = weights @ np.vstack([x, x * x, x * y]).T  # [resamples, 3 * seeds]
+            sum_x, sum_xx, sum_xy = np.split(sums.T, 3)
+            return _pearson(n, sum_x, weights @ y, sum_xx, weights @ (y * y), sum_xy)
+        if name == "accuracy":
+            return (weights @ (predictions == labels).T.astype(float)).T / n
+        positive, truth = predictions == 1, labels == 1
+        cells = [positive & truth, positive & ~truth, ~positive & truth, ~positive & ~truth]
+        tp, fp, fn, tn = np.split((weights @ np.vstack(cells).T.astype(float)).T, 4)
+        if name == "f1":  # of the positive class
+            return _ratio(2 * tp, 2 * tp + fp + fn)
+        if name == "matthews_correlation":
+            return _ratio(tp * tn - fp * fn, np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)))
+        raise ValueError(f"unknown metric '{name}'")
+
+    def score(self, task: GlueTask, predictions: np.ndarray) -> np.ndarray:
+        """`score` of predictions [seeds, n] on these resamples."""
+        per_metric = [np.median(self.metric(m, predictions), axis=0) for m in task.metrics]
+        return np.mean(per_metric, axis=0)
 
 
 def metric(name: str, predictions: np.ndarray, labels: np.ndarray, draws: np.ndarray) -> np.ndarray:
     """One GLUE metric of one seed's predictions on each resample: `draws` [resamples, n] holds the
     indices of the examples drawn (`np.arange(n)[None]` is the dev set itself)."""
-    if name == "spearmanr":  # Pearson of the average ranks, as scipy.stats.spearmanr
-        return _pearson(_ranks(predictions, draws), _ranks(labels, draws))
-    x, y = predictions[draws], labels[draws]
-    if name == "accuracy":
-        return np.mean(x == y, axis=-1)
-    if name == "pearson":
-        return _pearson(x.astype(float), y.astype(float))
-    positive, truth = x == 1, y == 1
-    tp = np.sum(positive & truth, axis=-1).astype(float)
-    fp = np.sum(positive & ~truth, axis=-1).astype(float)
-    fn = np.sum(~positive & truth, axis=-1).astype(float)
-    tn = np.sum(~positive & ~truth, axis=-1).astype(float)
-    if name == "f1":  # of the positive class
-        return _ratio(2 * tp, 2 * tp + fp + fn)
-    if name == "matthews_correlation":
-        return _ratio(tp * tn - fp * fn, np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)))
-    raise ValueError(f"unknown metric '{name}'")
+    return Resamples(draws, labels).metric(name, np.asarray(predictions)[None])[0]
 
 
 def score(task: GlueTask, predictions: np.ndarray, labels: np.ndarray, draws: np.ndarray) -> np.ndarray:
     """The evaluation's score as the report gives it, on each resample, from predictions [seeds, n]:
     per metric the median over seeds, then the mean over the task's metrics. A fraction."""
-    per_metric = [
-        np.median([metric(m, seed_predictions, labels, draws) for seed_predictions in predictions], axis=0)
-        for m in task.metrics
-    ]
-    return np.mean(per_metric, axis=0)
+    return Resamples(draws, labels).score(task, np.asarray(predictions))
 
 
 def paired_difference(
@@ -135,7 +179,8 @@ def paired_difference(
 
     def statistic(draws: np.ndarray, axis: int = -1) -> np.ndarray:
         # the same drawn examples for a, b and every seed: the pairing
-        return 100 * (score(task, a, labels, draws) - score(task, b, labels, draws))
+        resamples = Resamples(draws, labels)
+        return 100 * (resamples.score(task, a) - resamples.score(task, b))
 
     # scipy resamples the example indices; the statistic looks the examples up
     result = bootstrap(

@@ -301,6 +301,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generated-mb", type=float, help="data_scale.py's generated corpus of this size")
     parser.add_argument("--work", type=Path, help="corpora and projects (default: a temporary one)")
+    parser.add_argument(
+        "--rules", choices=list(RULE_SETS), nargs="+", help="the rule sets compared (default: all of them)"
+    )
     args = parser.parse_args()
     corpus = corpus_dir()
     work = args.work or Path(tempfile.mkdtemp(prefix="clean-reference-"))
@@ -322,7 +325,7 @@ def main() -> None:
     params["ingest"]["sources"] = {"text": source}
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run_stage(project, "ingest", "text")
-    for rules in RULE_SETS if planted else ["all"]:
+    for rules in args.rules or (list(RULE_SETS) if planted else ["all"]):
         compare(project, rules, planted, work, cores)
 
 

@@ -168,44 +168,38 @@ def _masked_lm_output(logits: Tensor, labels: Tensor | None) -> MaskedLMOutput:
     return MaskedLMOutput(loss=loss, logits=logits)
 
 
-class BertForTiedMaskedLM(BertPreTrainedModel):
-    """BertModel's hidden states times its word embeddings: the masked-LM logits our post-norm encoder
-    trained (BertForMaskedLM's head adds a dense layer, GELU, LayerNorm and a bias)."""
+class _TiedMaskedLM:
+    """The masked-LM logits our encoders trained: the backbone's hidden states times its word
+    embeddings (transformers' masked-LM heads add a dense layer, GELU, LayerNorm and a bias)."""
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        **kwargs: Any,
+    ) -> MaskedLMOutput:
+        backbone = self.base_model
+        hidden = backbone(input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        return _masked_lm_output(F.linear(hidden, backbone.get_input_embeddings().weight), labels)
+
+
+class BertForTiedMaskedLM(_TiedMaskedLM, BertPreTrainedModel):
+    """BertModel (our post-norm encoder) with the masked-LM head it trained."""
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        labels: Tensor | None = None,
-        **kwargs: Any,
-    ) -> MaskedLMOutput:
-        hidden = self.bert(input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
-        return _masked_lm_output(F.linear(hidden, self.bert.embeddings.word_embeddings.weight), labels)
 
-
-class XLMRobertaXLForTiedMaskedLM(XLMRobertaXLPreTrainedModel):
-    """XLMRobertaXLModel's hidden states times its word embeddings: the masked-LM logits our pre-norm
-    encoder trained (XLMRobertaXLForMaskedLM's head adds a dense layer, GELU, LayerNorm and a bias)."""
+class XLMRobertaXLForTiedMaskedLM(_TiedMaskedLM, XLMRobertaXLPreTrainedModel):
+    """XLMRobertaXLModel (our pre-norm encoder) with the masked-LM head it trained."""
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self.roberta = XLMRobertaXLModel(config, add_pooling_layer=False)
         self.post_init()
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        labels: Tensor | None = None,
-        **kwargs: Any,
-    ) -> MaskedLMOutput:
-        hidden = self.roberta(input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
-        return _masked_lm_output(F.linear(hidden, self.roberta.embeddings.word_embeddings.weight), labels)
 
 
 class LmpipeFillMaskPipeline(FillMaskPipeline):

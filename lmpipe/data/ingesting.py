@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from lmpipe.data import resume
 from lmpipe.data.parallel import shard_map
-from lmpipe.data.readers import FileReader, TextDecoder, detect_format
+from lmpipe.data.readers import FileReader, TextDecoder, detect_format, first_line
 from lmpipe.data.splitting import join_paragraphs, split_long
 from lmpipe.glue.tasks import task as glue_task
 from lmpipe.layout import ingest_work
@@ -204,11 +204,6 @@ def _texts(rows: Iterator[dict], where: str, column: str, column_key: str) -> It
         yield row.get(column)
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Meter) -> Iterator[Document]:
     import datasets  # slow to import; only these sources need it
 
@@ -223,7 +218,7 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Me
                 streaming=True,
             )
         except Exception as exc:  # datasets raises many types: missing, bad config, bad files
-            raise StageError(f"{where}: cannot load: {_first_line(exc)}") from None
+            raise StageError(f"{where}: cannot load: {first_line(exc)}") from None
         prefix = f"{source.path.rstrip('/')}/{source.config or 'default'}/{source.split or 'train'}"
     else:
         where = f"{key}.path '{source.path}'"
@@ -232,7 +227,7 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Me
         except FileNotFoundError:
             raise StageError(f"{where}: not a datasets save_to_disk folder") from None
         except Exception as exc:  # a damaged folder: its JSON or Arrow files fail in many ways
-            reason = _first_line(exc)
+            reason = first_line(exc)
             raise StageError(f"{where}: not a readable datasets save_to_disk folder ({reason})") from None
         if isinstance(data, datasets.DatasetDict):
             split = source.split or ("train" if "train" in data else None)
@@ -263,7 +258,7 @@ def dataset_documents(source: SourceParams, key: str, counts: Counter, meter: Me
             if source.max_documents and n >= source.max_documents:
                 break
     except (pa.ArrowException, OSError) as exc:  # Arrow files damaged past their header
-        raise StageError(f"{where}: unreadable rows ({_first_line(exc)})") from None
+        raise StageError(f"{where}: unreadable rows ({first_line(exc)})") from None
 
 
 def glue_manifest(source: SourceParams, key: str) -> dict:

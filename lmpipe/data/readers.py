@@ -335,8 +335,13 @@ def _parquet_errors(path: Path) -> Iterator[None]:
     try:
         yield
     except (pa.ArrowException, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StageError(f"{path}: not a readable Parquet file ({reason})") from None
+        raise StageError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
+
+
+def first_line(exc: Exception) -> str:
+    """An exception's message in one line (its first), for an error line naming the file."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class _Prepended(io.RawIOBase):

@@ -93,8 +93,6 @@ def _ranks(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     order = np.argsort(inverse, kind="stable")
     if len(distinct) == len(values):  # no ties (a regression's predictions): a value per example
         counts = weights[:, order]
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
     else:
         starts = np.searchsorted(inverse[order], np.arange(len(distinct)))
         counts = np.add.reduceat(weights[:, order], starts, axis=1)  # [resamples, distinct values]

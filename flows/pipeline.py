@@ -364,7 +364,9 @@ def pipeline(
     max_parallel: stages at once; by default one per visible GPU, and one without GPUs (a stage
     uses every core: two at once on the same cores are slower than one after the other).
     gpu_slots: how many stages with `meta.gpu` run at once, each on a GPU of its own; by default
-    one per visible GPU, without GPUs only max_parallel limits them (they are CPU work then).
+    one per visible GPU, and one without GPUs: a training stage on the CPU takes every core (as many
+    threads as its params say, whatever the flow runs beside it, since the thread count changes the
+    float bits; a fine-tune stage runs its jobs in as many processes as the cores hold).
     dvc_remote: a DVC remote shared by the workers: what it has is pulled first (outputs another
     machine produced), the outputs of every stage that ran are pushed to it at the end.
 
@@ -386,7 +388,7 @@ def pipeline(
     repo_dir = Path(repo).resolve()
     nodes = select(read_graph(repo_dir), targets)
     if gpu_slots is None:
-        gpu_slots = sum(node.gpu for node in nodes.values()) if pool else len(gpus) or max_parallel
+        gpu_slots = sum(node.gpu for node in nodes.values()) if pool else len(gpus) or 1
     if max_parallel < 1 or gpu_slots < 1:
         raise PipelineError("max_parallel and gpu_slots must be at least 1")
     target = None

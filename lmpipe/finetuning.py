@@ -1,24 +1,36 @@
-"""What stage `finetune@<model>-<task>` is made of: the task's examples encoded, the backbone
-(pretrained or from scratch), the recipe as the fine-tuning loop's config, and the predictions of
-every evaluation split."""
+"""What stage `finetune@<model>` is made of: the task's examples encoded, the backbone (pretrained or
+from scratch), the recipe as the fine-tuning loop's config, the predictions of every evaluation split,
+and the fine-tunes themselves as jobs: one per (task, seed), each a pure function of what its digest
+covers, run in this process or in worker processes of a fixed thread count each."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from lmpipe.glue.tasks import GlueTask
-from lmpipe.layout import GLUE, SPM_MODEL, TOKENIZER, final_checkpoint
-from lmpipe.params.finetune import FinetuneCommonParams, FinetuneSections, FinetuneTaskParams
+from lmpipe.codedeps import code_digest
+from lmpipe.glue.tasks import TASKS, GlueTask
+from lmpipe.layout import GLUE, SPM_MODEL, TOKENIZER, final_checkpoint, predictions_sha256
+from lmpipe.params.finetune import FinetuneCommonParams, FinetuneTaskParams
 from lmpipe.runtime import (
     StageError,
     cpu_threads,
     read_json,
+    setup_logging,
     sha256_file,
+    training_threads,
+    write_json,
 )
 
 
@@ -55,8 +67,8 @@ def encode(frame: pd.DataFrame, task: GlueTask, max_len: int, threads: int) -> l
     return [encode_pair(a, b, max_len) for a, b in zip(columns[0], seconds, strict=True)]
 
 
-def backbone(params: FinetuneSections, name: str, init: str, vocab_size: int, seed: int) -> Any:
-    """The pretrained model, or a randomly initialised one of the same configuration."""
+def backbone(model: str, init: str, config: Any, seed: int) -> Any:
+    """The pretrained `model`, or a randomly initialised one of its configuration."""
     import torch
 
     from models.training import derived_seed
@@ -64,8 +76,8 @@ def backbone(params: FinetuneSections, name: str, init: str, vocab_size: int, se
 
     torch.manual_seed(derived_seed(seed, 0))  # the head's (and a scratch model's) initialisation
     if init == "pretrained":
-        return load_pretrained(final_checkpoint(name))[0]
-    return Transformer(params.models[name].config(vocab_size))
+        return load_pretrained(final_checkpoint(model))[0]
+    return Transformer(config)
 
 
 def check_tokenizer(name: str, tokenizer_sha: str) -> None:
@@ -140,3 +152,141 @@ def predict_splits(head: Any, data: Examples, common: FinetuneCommonParams, out:
         rows = pd.DataFrame({"idx": frame["idx"], "label": labels, "prediction": predictions})
         rows.to_parquet(out / f"{split}.parquet", index=False)
     return losses
+
+
+@dataclass(frozen=True)
+class FinetuneJob:
+    """One fine-tune: `model` (pretrained or from scratch) on `task` with `seed`. Everything its result
+    depends on is here or in the files its digest covers, so that it runs the same in any process."""
+
+    model: str
+    init: str
+    task: str
+    seed: int
+    data_seed: int  # params.yaml `seed`: the sample of the train split
+    recipe: FinetuneTaskParams
+    common: FinetuneCommonParams  # its precision resolved, its threads those the job computes with
+    config: Any  # the model's ModelConfig
+    pooling: str | None
+    num_labels: int
+    bos_id: int
+    lr_key: str  # the dotted key of the lr, for the advice when the loss diverges
+
+    def digest(self, depends_on: dict[str, str]) -> str:
+        """sha256 of the job, the files it reads (`depends_on`: name -> sha256) and the code it runs."""
+        job = {
+            "model": self.config.to_dict(),
+            "init": self.init,
+            "task": self.task,
+            "seed": self.seed,
+            "data_seed": self.data_seed,
+            "recipe": self.recipe.model_dump(),
+            "common": self.common.model_dump(),
+            "pooling": self.pooling,
+            "files": depends_on,
+            "code": code_digest("lmpipe.finetuning"),
+        }
+        return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
+
+
+def task_files(task: GlueTask) -> dict[str, str]:
+    """The sha256 of a task's splits, by path: what its fine-tunes read."""
+    return {str(path): sha256_file(path) for path in sorted((GLUE / task.name).glob("*.parquet"))}
+
+
+@lru_cache(maxsize=4)
+def _examples(task: str, recipe_json: str, data_seed: int) -> Examples:
+    """A task's examples once per process, for all the jobs that fine-tune on them."""
+    return examples(TASKS[task], FinetuneTaskParams.model_validate_json(recipe_json), data_seed)
+
+
+def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
+    """Fine-tune, then write the predictions of every evaluation split and `result.json` into `out`,
+    whole or not at all. Returns the result with the loss of every step and the seconds it took, or
+    {"error": ...} when the loss diverged."""
+    from models.finetune import finetune
+    from models.heads import SequenceHead
+    from models.training import NonFiniteLoss
+
+    started, clock = time.time(), time.perf_counter()
+    data = _examples(job.task, job.recipe.model_dump_json(), job.data_seed)
+    head = SequenceHead(
+        backbone(job.model, job.init, job.config, job.seed),
+        job.num_labels,
+        pooling=job.pooling,
+        dropout=job.common.dropout,
+        start_id=job.bos_id,
+    ).to(device(job.common.accelerator))
+    cfg = finetune_config(job.recipe, job.common, job.seed)
+    try:
+        losses = finetune(head, data.train_ids, data.train["label"].to_numpy(), cfg)
+    except NonFiniteLoss as exc:
+        return {"error": f"{exc}; lower {job.lr_key}"}
+    partial = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    eval_losses = predict_splits(head, data, job.common, partial / "predictions")
+    result = {
+        "train_rows": len(data.train),
+        "eval_rows": {split: len(frame) for split, frame in data.evaluations.items()},
+        "steps": len(losses),
+        "train_loss": losses[-1],
+        "eval_loss": eval_losses,
+        "predictions_sha256": predictions_sha256(partial / "predictions"),
+    }
+    write_json(partial / "result.json", result)
+    try:
+        partial.rename(out)
+    except OSError:  # another process finished the same job first: the same bytes
+        shutil.rmtree(partial)
+    return {**result, "losses": losses, "started": started, "seconds": time.perf_counter() - clock}
+
+
+def _start_worker(threads: int) -> None:
+    import torch
+
+    setup_logging()
+    torch.set_num_threads(threads)
+
+
+def run_jobs(
+    jobs: Sequence[FinetuneJob], outs: Sequence[Path], workers: int
+) -> Iterator[tuple[FinetuneJob, dict[str, Any]]]:
+    """Each job's result as it finishes: in this process one after another, or in `workers` processes
+    at once. A job computes with its `common.threads` threads wherever it runs (the thread count
+    changes the float bits; how many jobs run at once does not)."""
+    threads = training_threads(jobs[0].common.threads) if jobs else 1
+    if workers <= 1:
+        _start_worker(threads)
+        for job, out in zip(jobs, outs, strict=True):
+            yield job, run_job(job, out)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawned, not forked: a fork of a process whose OpenMP threads have started can hang
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(threads,))
+    with pool:
+        futures = {pool.submit(run_job, job, out): job for job, out in zip(jobs, outs, strict=True)}
+        try:
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+def job_workers(jobs: int, threads: int, on_gpu: bool) -> int:
+    """Fine-tunes at once: on the CPU, as many as this stage's share of the cores holds at `threads`
+    each (a flow running stages side by side gives each its share as OMP_NUM_THREADS); one on a GPU."""
+    if on_gpu or jobs <= 1:
+        return 1
+    share = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    return max(1, min(jobs, share // training_threads(threads)))
+
+
+def cached_result(out: Path) -> dict[str, Any] | None:
+    """The result of a finished job whose entry is whole, else None."""
+    path = out / "result.json"
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -20,6 +20,7 @@ TOKENS = Path("data/tokens")
 PACK_WORK = Path("data/.pack-work")  # the shards an interrupted pack finished; not a DVC output
 GLUE = Path("data/glue")
 FINETUNE = Path("data/finetune")
+FINETUNE_CACHE = Path("data/.finetune-cache")  # finished fine-tunes by digest; not a DVC output
 PREDICTIONS = Path("data/evaluate/predictions.parquet")
 GLUE_METRICS = Path("metrics/glue.json")
 GLUE_REPORT = Path("reports/glue.md")
@@ -93,13 +94,25 @@ def pretrain_curve(model: str) -> Path:
     return Path("plots/pretrain") / f"{model}.csv"
 
 
+def finetune_out(model: str, init: str) -> Path:
+    """Every task and seed fine-tuned from `model`'s pretrained weights or from scratch (a DVC output)."""
+    return FINETUNE / model / init
+
+
 def finetune_dir(model: str, task: str, init: str) -> Path:
-    return FINETUNE / model / task / init
+    return finetune_out(model, init) / task
 
 
-def finetune_stage(model: str, task: str, init: str) -> str:
-    """The name DVC gives the stage that writes `finetune_dir(model, task, init)`."""
-    return f"finetune{'_scratch' if init == 'scratch' else ''}@{model}-{task}"
+def finetune_stage(model: str, init: str) -> str:
+    """The name DVC gives the stage that writes `finetune_out(model, init)`."""
+    return f"finetune{'_scratch' if init == 'scratch' else ''}@{model}"
+
+
+def finetune_cache(key: str) -> Path:
+    """One fine-tune (model, init, task, seed) as it finished, by the digest of all it depends on: a
+    stage re-run by a change to one task or seed takes the others from here, and an interrupted one
+    resumes. In the project's root, as `resume_checkpoints`; not a DVC output."""
+    return project_root() / FINETUNE_CACHE / key[:32]
 
 
 def predictions_sha256(seed_dir: Path) -> str:

@@ -54,6 +54,12 @@ def cpu_threads(requested: int) -> int:
     return requested or len(os.sched_getaffinity(0))
 
 
+def training_threads(requested: int, processes: int = 1) -> int:
+    """A training process's threads: `requested`, or (0) its share of the cores among `processes`
+    (per node). Never OMP_NUM_THREADS, which flows set by how many stages run at once."""
+    return requested or max(1, len(os.sched_getaffinity(0)) // max(1, processes))
+
+
 class Meter:
     """A data stage's progress: a bar on a terminal; elsewhere (the logs of `dvc repro`, Prefect, CI) a
     line at least every `every` seconds with documents/s, MB/s, the share dropped so far and an ETA.

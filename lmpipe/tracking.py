@@ -188,7 +188,10 @@ def stage_run(
     params: Mapping[str, Any],
     tags: Mapping[str, Any] | None = None,
     run_name: str | None = None,
+    started_at: float | None = None,
 ) -> Iterator[StageRun]:
+    """A stage's MLflow run, open for the block. `started_at` (a Unix time): the work was done before
+    the block, which logs it (a fine-tune in a worker process); the run starts and lasts as the work did."""
     import mlflow  # slow to import; only stages that run pay for it
 
     mlflow.set_tracking_uri(tracking_uri())
@@ -196,13 +199,20 @@ def stage_run(
     experiment_id_ = experiment_id(client, experiment)
     mlflow.set_experiment(experiment_id=experiment_id_)
     parent = pipeline_parent(client, experiment_id_)
-    with mlflow.start_run(run_name=run_name or stage, tags=run_tags(stage, parent, tags)) as run:
+    name, all_tags = run_name or stage, run_tags(stage, parent, tags)
+    if started_at is None:
+        active = mlflow.start_run(run_name=name, tags=all_tags)
+    else:
+        created = client.create_run(experiment_id_, int(started_at * 1000), all_tags, name)
+        active = mlflow.start_run(run_id=created.info.run_id)
+    with active as run:
         flat = [(k, "" if v is None else str(v)) for k, v in flatten(params).items()]
         for i in range(0, len(flat), _MLFLOW_BATCH):
             mlflow.log_params(dict(flat[i : i + _MLFLOW_BATCH]))
         started = time.perf_counter()
         yield StageRun(mlflow, run.info.run_id, parent)
-        mlflow.log_metric("duration_s", time.perf_counter() - started)
+        seconds = time.perf_counter() - started if started_at is None else time.time() - started_at
+        mlflow.log_metric("duration_s", seconds)
 
 
 def _client(uri: str | None = None) -> Any:

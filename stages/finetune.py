@@ -1,39 +1,39 @@
-"""Stage `finetune@<model>-<task>`: fine-tune a pretrained model on one GLUE task, once per seed.
+"""Stage `finetune@<model>`: fine-tune a pretrained model on every task of `glue.tasks`, once per seed.
 
-`--init scratch` (stage `finetune_scratch@<model>-<task>`) fine-tunes a randomly initialised copy of the
-same architecture with the same recipe: the baseline that says what pretraining bought. Reads
-`checkpoints/<model>/final` (pretrained only), `data/tokenizer` and `data/glue/<task>`; writes
-`data/finetune/<model>/<task>/<init>/`: `seed<k>/<split>.parquet` predictions (`idx, label,
-prediction`) for every evaluation split and `summary.json`. One MLflow run per seed.
+`--init scratch` (stage `finetune_scratch@<model>`) fine-tunes a randomly initialised copy of the same
+architecture with the same recipe: the baseline that says what pretraining bought. Reads
+`checkpoints/<model>/final` (pretrained only), `data/tokenizer` and `data/glue`; writes
+`data/finetune/<model>/<init>/<task>/`: `seed<k>/<split>.parquet` predictions (`idx, label,
+prediction`) for every evaluation split and `summary.json`. One MLflow run per (task, seed).
+
+Each (task, seed) is a job whose finished result is kept by its digest (`lmpipe.layout.finetune_cache`):
+a change to one task's recipe or a seed added re-runs only those, and an interrupted stage resumes. On
+the CPU the jobs run in as many worker processes as the stage's cores hold, at
+`finetune.common.threads` threads each.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import shutil
+from collections.abc import Iterator
 from typing import Any
 
 from lmpipe.finetuning import (
-    backbone,
+    FinetuneJob,
+    cached_result,
     check_tokenizer,
     device,
-    examples,
-    finetune_config,
-    predict_splits,
+    job_workers,
+    run_jobs,
+    task_files,
     tokenizer_meta,
 )
 from lmpipe.glue.tasks import TASKS
-from lmpipe.layout import final_weights, finetune_dir, finetune_stage, predictions_sha256
+from lmpipe.layout import final_weights, finetune_cache, finetune_out, finetune_stage
 from lmpipe.params.finetune import FinetuneSections
 from lmpipe.params.project import load_stage_params
-from lmpipe.runtime import (
-    StageError,
-    atomic_dir,
-    log,
-    run_main,
-    sha256_file,
-    write_json,
-)
+from lmpipe.runtime import StageError, atomic_dir, log, run_main, sha256_file, write_json
 from lmpipe.tracking import (
     PREDICTIONS_TAG,
     WEIGHTS_TAG,
@@ -47,120 +47,148 @@ from lmpipe.tracking import (
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stages.finetune")
     parser.add_argument("model", help="a key of params.yaml: models")
-    parser.add_argument("task", help="a task of params.yaml: glue.tasks")
     parser.add_argument("--init", choices=["pretrained", "scratch"], default="pretrained")
     args = parser.parse_args(argv)
     name, init = args.model, args.init
     params = load_stage_params(FinetuneSections)
     params.check_model(name)
-    if args.task not in params.glue.tasks:
-        raise StageError(
-            f"params.yaml: glue.tasks: '{args.task}' is not among them ({', '.join(params.glue.tasks)})"
-        )
-    task, variant = TASKS[args.task], params.models[name]
-    recipe, common = params.recipe_of(name, task.name), params.finetune.common
-    stage = finetune_stage(name, task.name, init)
+    variant, stage = params.models[name], finetune_stage(name, init)
     tok = tokenizer_meta()
+    depends_on = {"tokenizer": tok["sha256"]}
+    weights_sha = None
     if init == "pretrained":
         check_tokenizer(name, tok["sha256"])
-    data = examples(task, recipe, params.seed)
-    train_labels = data.train["label"].to_numpy()
+        weights_sha = depends_on["weights"] = sha256_file(final_weights(name))
 
-    from models.finetune import finetune
-    from models.heads import SequenceHead
-    from models.training import NonFiniteLoss, resolve_precision
+    from models.training import resolve_precision
 
-    # tracking: one run per seed, linked to the pretrain run of the weights it starts from
+    # `auto` resolved here, so that the digests and MLflow hold the precision that trains
+    target = device(params.finetune.common.accelerator)
+    common = params.finetune.common
+    common = common.model_copy(update={"precision": resolve_precision(common.precision, target)})
+    pooling = {"encoder": common.encoder_pooling, "encoder_decoder": common.encdec_pooling}
+    jobs, outs = [], []
+    for task_name in params.glue.tasks:
+        task, files = TASKS[task_name], task_files(TASKS[task_name])
+        for seed in params.finetune.seeds:
+            job = FinetuneJob(
+                model=name,
+                init=init,
+                task=task_name,
+                seed=seed,
+                data_seed=params.seed,
+                recipe=params.recipe_of(name, task_name),
+                common=common,
+                config=variant.config(tok["vocab_size"]),
+                pooling=pooling.get(variant.arch),
+                num_labels=1 if task.is_regression else len(task.labels or ()),
+                bos_id=tok["bos_id"],
+                lr_key=params.recipe_key(name, task_name, "lr"),
+            )
+            jobs.append(job)
+            outs.append(finetune_cache(job.digest({**depends_on, **files})))
+    todo = [i for i, out in enumerate(outs) if cached_result(out) is None]
+    workers = job_workers(len(todo), common.threads, target.type == "cuda")
+    log.info(
+        "%s: %d fine-tunes (%d tasks x %d seeds), %d done before; %d at once",
+        stage,
+        len(jobs),
+        len(params.glue.tasks),
+        len(params.finetune.seeds),
+        len(jobs) - len(todo),
+        workers,
+    )
+    if todo:
+        finished = run_jobs([jobs[i] for i in todo], [outs[i] for i in todo], workers)
+        log_runs(params, name, init, weights_sha, tok["sha256"], finished)
+
+    with atomic_dir(finetune_out(name, init)) as tmp:
+        for task_name in params.glue.tasks:
+            task_dir = tmp / task_name
+            task_dir.mkdir()
+            results = {}
+            for job, out in zip(jobs, outs, strict=True):
+                if job.task == task_name:
+                    shutil.copytree(out / "predictions", task_dir / f"seed{job.seed}")
+                    results[str(job.seed)] = cached_result(out)
+            first = next(iter(results.values()))
+            summary = {
+                "model": name,
+                "task": task_name,
+                "init": init,
+                "arch": variant.arch,
+                "objective": variant.objective,
+                "train_rows": first["train_rows"],
+                "eval_rows": first["eval_rows"],
+                "steps": first["steps"],
+                "synthetic": params.glue.synthetic,
+                "tokenizer_sha256": tok["sha256"],
+                "weights_sha256": weights_sha,  # of the pretrained checkpoint; None from scratch
+                "seeds": {
+                    seed: {k: result[k] for k in ("steps", "train_loss", "eval_loss", "predictions_sha256")}
+                    for seed, result in results.items()
+                },
+            }
+            write_json(task_dir / "summary.json", summary)
+
+
+def log_runs(
+    params: FinetuneSections,
+    name: str,
+    init: str,
+    weights_sha: str | None,
+    tokenizer_sha: str,
+    finished: Iterator[tuple[FinetuneJob, dict[str, Any]]],
+) -> None:
+    """One MLflow run per fine-tune as it finishes, from the time it started, linked to the pretrain run
+    of the weights it loaded; a diverged loss stops the stage with the key to change."""
+    variant, stage = params.models[name], finetune_stage(name, init)
     tags = {
         "arch": variant.arch,
         "objective": variant.objective,
-        "tokenizer_sha256": tok["sha256"],
+        "tokenizer_sha256": tokenizer_sha,
         "data.synthetic": params.glue.synthetic,
     }
-    weights_sha = None
-    if init == "pretrained":
-        weights_sha = sha256_file(final_weights(name))
-        found = find_run(tracking_experiment(), {"stage": "pretrain", WEIGHTS_TAG: weights_sha})
-        if found:
-            tags["pretrain_run_id"] = found
-    # `auto` resolved here, so MLflow holds the precision that trains
-    target = device(common.accelerator)
-    common = common.model_copy(update={"precision": resolve_precision(common.precision, target)})
-    logged_params = {
-        f"models.{name}": variant.model_dump(exclude_none=True),
-        # the recipe as it trains: the task's, with this model's own values (also logged) on top
-        f"finetune.tasks.{task.name}": recipe.model_dump(),
-        **{f"finetune.models.{name}.{k}": v for k, v in params.finetune.models.get(name, {}).items()},
-        "finetune.common": common.model_dump(),
-        "init": init,
-        "train_rows": len(data.train),
-    }
-
-    pooling = {"encoder": common.encoder_pooling, "encoder_decoder": common.encdec_pooling}
-    num_labels = 1 if task.is_regression else len(task.labels or ())
-    results: dict[str, Any] = {}
-    with atomic_dir(finetune_dir(name, task.name, init)) as tmp:
-        for seed in params.finetune.seeds:
-            cfg = finetune_config(recipe, common, seed)
-            with stage_run(
-                "finetune",
-                tracking_experiment(),
-                {**logged_params, "seed": seed},
-                {**tags, **finetune_run_key(name, task.name, init, seed)},
-                run_name=f"{stage}/seed{seed}",
-            ) as run:
-                started = time.perf_counter()
-                head = SequenceHead(
-                    backbone(params, name, init, tok["vocab_size"], seed),
-                    num_labels,
-                    pooling=pooling.get(variant.arch),
-                    dropout=common.dropout,
-                    start_id=tok["bos_id"],
-                ).to(target)
-                try:
-                    losses = finetune(head, data.train_ids, train_labels, cfg)
-                except NonFiniteLoss as exc:
-                    raise StageError(
-                        f"{stage} seed {seed}: {exc}; lower {params.recipe_key(name, task.name, 'lr')}"
-                    ) from None
-                run.log_series("train_loss", losses)
-                eval_losses = predict_splits(head, data, common, tmp / f"seed{seed}")
-                seconds = time.perf_counter() - started
-                digest = predictions_sha256(tmp / f"seed{seed}")
-                # the GLUE metrics come from `evaluate`, which scores the predictions and logs them here
-                run.set_tags({PREDICTIONS_TAG: digest})
-                run.log_metrics({"loss": eval_losses, "steps": len(losses), "train_seconds": seconds})
-            # no run id or timing here: the same params give the same bytes
-            results[str(seed)] = {
-                "steps": len(losses),
-                "train_loss": losses[-1],
-                "eval_loss": eval_losses,
-                "predictions_sha256": digest,
-            }
-            log.info(
-                "%s seed %d: %d steps in %.1f s, train loss %.3f, %s",
-                stage,
-                seed,
-                len(losses),
-                seconds,
-                losses[-1],
-                ", ".join(f"{split} loss {loss:.3f}" for split, loss in eval_losses.items()),
-            )
-        summary = {
-            "model": name,
-            "task": task.name,
+    for i, (job, result) in enumerate(finished):
+        if "error" in result:
+            raise StageError(f"{stage} {job.task} seed {job.seed}: {result['error']}")
+        if i == 0 and weights_sha:  # looked up once the jobs run: MLflow's import takes seconds
+            found = find_run(tracking_experiment(), {"stage": "pretrain", WEIGHTS_TAG: weights_sha})
+            if found:
+                tags["pretrain_run_id"] = found
+        logged_params = {
+            f"models.{name}": variant.model_dump(exclude_none=True),
+            # the recipe as it trains: the task's, with this model's own values (also logged) on top
+            f"finetune.tasks.{job.task}": job.recipe.model_dump(),
+            **{f"finetune.models.{name}.{k}": v for k, v in params.finetune.models.get(name, {}).items()},
+            "finetune.common": job.common.model_dump(),
             "init": init,
-            "arch": variant.arch,
-            "objective": variant.objective,
-            "train_rows": len(data.train),
-            "eval_rows": {s: len(f) for s, f in data.evaluations.items()},
-            "steps": cfg.total_steps(len(data.train)),
-            "synthetic": params.glue.synthetic,
-            "tokenizer_sha256": tok["sha256"],
-            "weights_sha256": weights_sha,  # of the pretrained checkpoint; None from scratch
-            "seeds": results,
+            "train_rows": result["train_rows"],
+            "seed": job.seed,
         }
-        write_json(tmp / "summary.json", summary)
+        with stage_run(
+            "finetune",
+            tracking_experiment(),
+            logged_params,
+            {**tags, **finetune_run_key(name, job.task, init, job.seed)},
+            run_name=f"{stage}/{job.task}/seed{job.seed}",
+            started_at=result["started"],
+        ) as run:
+            run.log_series("train_loss", result["losses"])
+            # the GLUE metrics come from `evaluate`, which scores the predictions and logs them here
+            run.set_tags({PREDICTIONS_TAG: result["predictions_sha256"]})
+            metrics = {"loss": result["eval_loss"], "steps": result["steps"]}
+            run.log_metrics({**metrics, "train_seconds": result["seconds"]})
+        log.info(
+            "%s %s seed %d: %d steps in %.1f s, train loss %.3f, %s",
+            stage,
+            job.task,
+            job.seed,
+            result["steps"],
+            result["seconds"],
+            result["train_loss"],
+            ", ".join(f"{split} loss {loss:.3f}" for split, loss in result["eval_loss"].items()),
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 import warnings
 from dataclasses import replace
@@ -45,6 +46,7 @@ from lmpipe.runtime import (
     read_json,
     run_main,
     sha256_file,
+    training_threads,
     write_json,
 )
 from lmpipe.tracking import WEIGHTS_TAG, flatten, lightning_logger, tracking_experiment
@@ -68,6 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     from models.lightning import PretrainModule, TokenDataModule
     from models.training import NonFiniteLoss, resolve_precision
 
+    # a fixed thread count, whoever starts the stage and beside what: it changes the float bits;
+    # OMP_NUM_THREADS too, so that Lightning's launcher and the processes it starts keep it
+    threads = training_threads(run.threads, run.devices if isinstance(run.devices, int) else 1)
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     if run.accelerator == "gpu" and not torch.cuda.is_available():
         raise StageError("params.yaml: pretrain.accelerator=gpu: no CUDA device is visible")
     # `auto` resolved here, so the resume fingerprint and MLflow hold the precision that trains

@@ -16,7 +16,7 @@ import yaml
 
 from flows.common import stages_ran
 from lmpipe.codedeps import PACKAGES
-from tests.workdir import ROOT
+from tests.workdir import ROOT, suite_threads
 
 PROJECT_FILES = ["dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config", "pyproject.toml"]
 
@@ -51,6 +51,7 @@ def tiny(params: dict[str, Any]) -> None:
     """The whole graph on one tiny encoder, one synthetic task and one seed: about a minute."""
     params["sample"]["documents"] = 300
     params["clean"]["workers"] = 1
+    params["pretrain"]["threads"] = suite_threads()
     params["models"] = {"encoder_mlm": params["models"]["encoder_mlm"]}
     params["pretrain"].update(max_steps=10, warmup_steps=2, val_every=10, checkpoint_every=10)
     params["glue"]["tasks"] = ["stsb"]

@@ -74,7 +74,7 @@ def test_dvc_yaml_declares_the_outputs_that_stages_layout_names() -> None:
         body = DVC_YAML["stages"][stage].get("do") or DVC_YAML["stages"][stage]
         return [next(iter(o)) if isinstance(o, dict) else o for o in body.get(kind, [])]
 
-    model, task = "${key}", "${item.task}"
+    model = "${key}"
     assert declared("sample", "outs") == [str(layout.SAMPLE)]
     assert declared("hub", "outs") == [str(layout.hub_dir(model))]
     assert declared("hub", "metrics") == [str(layout.hub_metrics(model))]
@@ -90,8 +90,8 @@ def test_dvc_yaml_declares_the_outputs_that_stages_layout_names() -> None:
     assert declared("pretrain", "metrics") == [str(layout.pretrain_metrics(model))]
     assert declared("pretrain", "plots") == [str(layout.pretrain_curve(model))]
     for init, stage in (("pretrained", "finetune"), ("scratch", "finetune_scratch")):
-        assert declared(stage, "outs") == [str(layout.finetune_dir("${item.model}", task, init))]
-        assert layout.finetune_stage("m", "t", init) == f"{stage}@m-t"
+        assert declared(stage, "outs") == [str(layout.finetune_out(model, init))]
+        assert layout.finetune_stage("m", init) == f"{stage}@m"
     reports = [layout.GLUE_REPORT, layout.GLUE_TABLE, layout.GLUE_CHART]
     assert declared("evaluate", "outs") == [str(layout.PREDICTIONS.parent), *map(str, reports)]
     assert declared("evaluate", "metrics") == [str(layout.GLUE_METRICS)]

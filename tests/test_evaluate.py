@@ -81,7 +81,7 @@ def scored(workdir: Workdir, glue_dir: Path) -> Workdir:
     for m, model in enumerate(MODELS):
         for i, init in enumerate(["pretrained", "scratch"]):
             for name in [*REAL_TASKS, "mnli"]:
-                run_dir = workdir.path / "data/finetune" / model / name / init
+                run_dir = workdir.path / "data/finetune" / model / init / name
                 seeds = {}
                 for seed in SEEDS:
                     (run_dir / f"seed{seed}").mkdir(parents=True)
@@ -124,7 +124,7 @@ def expected_scores(workdir: Workdir, model: str, init: str, name: str, split: s
     labels = workdir.truth[(name, split)]["label"].to_numpy()
     found: dict[str, list[float]] = {}
     for seed in SEEDS:
-        path = workdir.path / "data/finetune" / model / name / init / f"seed{seed}" / f"{split}.parquet"
+        path = workdir.path / "data/finetune" / model / init / name / f"seed{seed}" / f"{split}.parquet"
         p = pd.read_parquet(path)["prediction"].to_numpy()
         if name == "stsb":
             values = {
@@ -242,7 +242,7 @@ def test_every_fine_tune_run_gets_its_scores_in_mlflow(scored: Workdir) -> None:
 def test_bad_prediction_files_are_named_and_nothing_is_written(scored: Workdir) -> None:
     from stages import evaluate
 
-    path = scored.path / "data/finetune/dec/rte/scratch/seed2/validation.parquet"
+    path = scored.path / "data/finetune/dec/scratch/rte/seed2/validation.parquet"
     frame = pd.read_parquet(path)
     frame.loc[5, "idx"] = 9999
     frame.to_parquet(path, index=False)
@@ -252,9 +252,9 @@ def test_bad_prediction_files_are_named_and_nothing_is_written(scored: Workdir) 
         evaluate.main()
     assert not (scored.path / "metrics/glue.json").exists() and not (scored.path / "reports").exists()
 
-    (scored.path / "data/finetune/enc/mrpc/scratch/summary.json").unlink()
+    (scored.path / "data/finetune/enc/scratch/mrpc/summary.json").unlink()
     with pytest.raises(
-        StageError, match=r"enc/mrpc/scratch/summary.json: missing; run the 'finetune_scratch@enc-mrpc'"
+        StageError, match=r"enc/scratch/mrpc/summary.json: missing; run the 'finetune_scratch@enc'"
     ):
         evaluate.main()
 

@@ -1,10 +1,12 @@
-"""Stages `finetune@<model>-<task>` and `finetune_scratch@<model>-<task>` on the synthetic sample:
-predictions, summaries, MLflow runs linked to the pretraining run, determinism, bad input."""
+"""Stages `finetune@<model>` and `finetune_scratch@<model>` on the synthetic sample: predictions,
+summaries, MLflow runs linked to the pretraining run, determinism (in any number of worker processes),
+the finished jobs kept by digest, bad input."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lmpipe.layout import predictions_sha256
+from lmpipe.layout import FINETUNE_CACHE, predictions_sha256
 from lmpipe.runtime import StageError, sha256_file
 from models.training import resolve_precision
 from tests.pipeline_helpers import run_stages
@@ -51,13 +53,13 @@ def tuned(sample_pipeline: Workdir) -> Iterator[Workdir]:
         with contextlib.chdir(sample_pipeline.path):
             glue_prepare.main()
         run_stages(sample_pipeline, "pretrain", "enc")
-        finetune(sample_pipeline, "enc", "stsb")
-        finetune(sample_pipeline, "enc", "stsb", "--init", "scratch")
+        finetune(sample_pipeline, "enc")
+        finetune(sample_pipeline, "enc", "--init", "scratch")
         yield sample_pipeline
 
 
 def out(workdir: Workdir, init: str) -> Path:
-    return workdir.path / "data/finetune/enc/stsb" / init
+    return workdir.path / "data/finetune/enc" / init / "stsb"
 
 
 def test_predictions_and_summary_of_both_inits(tuned: Workdir) -> None:
@@ -105,7 +107,7 @@ def test_one_mlflow_run_per_seed_linked_to_the_pretraining_run(tuned: Workdir) -
             tags = run.data.tags
             assert run.info.status == "FINISHED" and run.info.experiment_id == experiment.experiment_id
             assert tags["stage"] == "finetune" and tags["mlflow.runName"] == (
-                f"finetune{'_scratch' if init == 'scratch' else ''}@enc-stsb/seed{seed}"
+                f"finetune{'_scratch' if init == 'scratch' else ''}@enc/stsb/seed{seed}"
             )
             assert (
                 tags["model"],
@@ -131,19 +133,49 @@ def test_one_mlflow_run_per_seed_linked_to_the_pretraining_run(tuned: Workdir) -
             assert [m.step for m in sorted(curve, key=lambda m: m.step)] == [0, 1]
 
 
-def test_same_params_same_predictions(tuned: Workdir) -> None:
+def test_same_params_same_predictions_in_any_number_of_processes(
+    tuned: Workdir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Computed again (the finished jobs removed), in this process and in two worker processes: the
+    same bytes, as the first time."""
+
     def predictions() -> dict[str, pd.DataFrame]:
         files = sorted(out(tuned, "scratch").glob("seed*/*.parquet"))
         return {str(p.relative_to(out(tuned, "scratch"))): pd.read_parquet(p) for p in files}
 
     before, summary = predictions(), (out(tuned, "scratch") / "summary.json").read_bytes()
-    with tuned.changed(OVERRIDES):
-        finetune(tuned, "enc", "stsb", "--init", "scratch")
-    after = predictions()
-    assert (out(tuned, "scratch") / "summary.json").read_bytes() == summary  # no run ids, no timings
-    assert list(before) == ["seed1/validation.parquet", "seed2/validation.parquet"] == list(after)
-    for name in before:
-        pd.testing.assert_frame_equal(before[name], after[name])
+    assert list(before) == ["seed1/validation.parquet", "seed2/validation.parquet"]
+    for share in ["1", "2"]:  # the cores the stage may use: one job at a time, or two at once
+        shutil.rmtree(tuned.path / FINETUNE_CACHE)
+        monkeypatch.setenv("OMP_NUM_THREADS", share)
+        with tuned.changed(OVERRIDES):
+            finetune(tuned, "enc", "--init", "scratch")
+        assert (out(tuned, "scratch") / "summary.json").read_bytes() == summary  # no run ids, no timings
+        after = predictions()
+        assert list(after) == list(before)
+        for name in before:
+            pd.testing.assert_frame_equal(before[name], after[name])
+
+
+def test_finished_jobs_are_kept_by_digest(tuned: Workdir, caplog: pytest.LogCaptureFixture) -> None:
+    """A seed added fine-tunes only that seed; the same params again fine-tune nothing."""
+    before = json.loads((out(tuned, "scratch") / "summary.json").read_text())
+    caplog.set_level("INFO", logger="lmpipe")
+    try:
+        with tuned.changed({**OVERRIDES, "finetune.seeds": [1, 2, 3]}):
+            finetune(tuned, "enc", "--init", "scratch")
+            assert "3 fine-tunes (1 tasks x 3 seeds), 2 done before" in caplog.text
+            assert "finetune_scratch@enc stsb seed 3:" in caplog.text
+            assert "stsb seed 1:" not in caplog.text
+            after = json.loads((out(tuned, "scratch") / "summary.json").read_text())
+            assert set(after["seeds"]) == {"1", "2", "3"}
+            assert {s: after["seeds"][s] for s in ("1", "2")} == before["seeds"]
+    finally:
+        with tuned.changed(OVERRIDES):
+            caplog.clear()
+            finetune(tuned, "enc", "--init", "scratch")
+            assert "2 fine-tunes (1 tasks x 2 seeds), 2 done before" in caplog.text
+    assert json.loads((out(tuned, "scratch") / "summary.json").read_text()) == before
 
 
 def test_evaluate_reports_the_synthetic_run(tuned: Workdir) -> None:
@@ -177,15 +209,13 @@ def test_a_model_pretrained_on_another_tokenizer_is_refused(tuned: Workdir) -> N
                 r"000000000000, but data/tokenizer is [0-9a-f]{12}; re-run pretrain@enc",
             ),
         ):
-            finetune(tuned, "enc", "stsb")
+            finetune(tuned, "enc")
     finally:
         config_path.write_text(original)
     assert (out(tuned, "pretrained") / "summary.json").read_bytes() == before  # no partial output
 
 
 def test_a_model_can_have_its_own_recipe_values(tuned: Workdir) -> None:
-    import shutil
-
     import mlflow
 
     own = {
@@ -195,8 +225,8 @@ def test_a_model_can_have_its_own_recipe_values(tuned: Workdir) -> None:
     }
     try:
         with tuned.changed(own):
-            finetune(tuned, "enc_own", "stsb", "--init", "scratch")
-            summary = json.loads((tuned.path / "data/finetune/enc_own/stsb/scratch/summary.json").read_text())
+            finetune(tuned, "enc_own", "--init", "scratch")
+            summary = json.loads((tuned.path / "data/finetune/enc_own/scratch/stsb/summary.json").read_text())
             assert summary["train_rows"] == 64 and summary["steps"] == 4  # 2 epochs of 2 batches
             runs = mlflow.search_runs(
                 experiment_names=["lmpipe"], filter_string="tags.model = 'enc_own'", output_format="list"
@@ -210,20 +240,18 @@ def test_a_model_can_have_its_own_recipe_values(tuned: Workdir) -> None:
                 assert logged["finetune.models.enc_own.lr"] == "0.0003"
             diverging, advice = {"finetune.models.enc_own.lr": 1.0e30}, r"lower finetune.models.enc_own.lr$"
             with tuned.changed(diverging), pytest.raises(StageError, match=advice):
-                finetune(tuned, "enc_own", "stsb", "--init", "scratch")
+                finetune(tuned, "enc_own", "--init", "scratch")
     finally:
         shutil.rmtree(tuned.path / "data/finetune/enc_own", ignore_errors=True)
 
 
 def test_bad_names_and_params_are_one_line(tuned: Workdir) -> None:
     with tuned.changed(OVERRIDES):
-        result = tuned.run("finetune", "nosuch", "stsb")
+        result = tuned.run("finetune", "nosuch")
         assert result.returncode == 2
         assert (
             result.stderr.strip() == "error: params.yaml: models.nosuch: no such model; the models are: enc"
         )
-        with pytest.raises(StageError, match=r"glue.tasks: 'rte' is not among them \(stsb\)"):
-            finetune(tuned, "enc", "rte")
 
 
 BAD_PARAMS = [
@@ -245,4 +273,4 @@ BAD_PARAMS = [
 @pytest.mark.parametrize(("overrides", "message"), BAD_PARAMS)
 def test_bad_finetune_params_stop_before_any_work(tuned: Workdir, overrides: dict, message: str) -> None:
     with tuned.changed({**OVERRIDES, **overrides}), pytest.raises(StageError, match=message):
-        finetune(tuned, "enc", "stsb")
+        finetune(tuned, "enc")

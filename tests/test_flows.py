@@ -57,8 +57,8 @@ def test_graph_is_dvcs_own(project: Path) -> None:
     assert set(nodes) == dvc_stages(project)  # what `dvc stage list` lists, foreach expanded
     assert set(nodes["evaluate"].upstream) == {
         "glue_prepare",
-        "finetune@encoder_mlm-stsb",
-        "finetune_scratch@encoder_mlm-stsb",
+        "finetune@encoder_mlm",
+        "finetune_scratch@encoder_mlm",
     }
     assert nodes["pretrain@encoder_mlm"].gpu and nodes["pretrain@encoder_mlm"].retries == 2
     assert not nodes["clean"].gpu and nodes["clean"].retries == 0
@@ -226,7 +226,7 @@ def test_pipeline_runs_what_changed_then_nothing(harness: None, project: Path, t
     state = pipeline(**options, dvc_remote="shared", return_state=True)
     first = state.result()
     stages = dvc_stages(project)
-    ran = ["pretrain@encoder_mlm", "export@encoder_mlm", "finetune@encoder_mlm-stsb", "evaluate"]
+    ran = ["pretrain@encoder_mlm", "export@encoder_mlm", "finetune@encoder_mlm", "evaluate"]
     assert sorted(first["ran"]) == sorted(ran) and not first["failed"]
     assert set(first["skipped"]) == stages - set(ran)
     assert first["ran"][0] == "pretrain@encoder_mlm" and first["ran"][-1] == "evaluate"
@@ -289,8 +289,8 @@ def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -
         "pack",
         "pretrain@encoder_mlm",
         "export@encoder_mlm",
-        "finetune@encoder_mlm-stsb",
-        "finetune_scratch@encoder_mlm-stsb",
+        "finetune@encoder_mlm",
+        "finetune_scratch@encoder_mlm",
         "evaluate",
     }
     assert set(summary.skipped) == {"sample", "ingest@sample", "clean", "glue_prepare"}

@@ -25,15 +25,15 @@ def test_real_rte_end_to_end_through_dvc_repro(
 
     # the GLUE copy and task changed: its stages re-run, the data stages and pretraining do not
     ran = stages_ran(dvc(repo, "repro"))
-    finetunes = {"finetune@encoder_mlm-rte", "finetune_scratch@encoder_mlm-rte"}
+    finetunes = {"finetune@encoder_mlm", "finetune_scratch@encoder_mlm"}
     assert set(ran) == {"glue_prepare", *finetunes, "evaluate"}
     assert ran[0] == "glue_prepare" and ran[-1] == "evaluate"
-    predictions = pd.read_parquet(repo / "data/finetune/encoder_mlm/rte/pretrained/seed1/validation.parquet")
+    predictions = pd.read_parquet(repo / "data/finetune/encoder_mlm/pretrained/rte/seed1/validation.parquet")
     assert len(predictions) == 277 and set(predictions["prediction"]) <= {0, 1}  # the whole real dev set
     glue = json.loads((repo / "metrics/glue.json").read_text())
     labels = pd.read_csv(glue_dir / "RTE/dev.tsv", sep="\t", quoting=3)["label"] == "not_entailment"
     for init in ["pretrained", "scratch"]:
-        found = pd.read_parquet(repo / f"data/finetune/encoder_mlm/rte/{init}/seed1/validation.parquet")
+        found = pd.read_parquet(repo / f"data/finetune/encoder_mlm/{init}/rte/seed1/validation.parquet")
         expected = 100 * accuracy_score(labels.astype(int), found["prediction"])
         assert abs(glue["encoder_mlm"][init]["rte"] - expected) < 1e-9  # real predictions, sklearn's score
         assert glue["encoder_mlm"][init]["average"] == glue["encoder_mlm"][init]["rte"]

@@ -478,6 +478,28 @@ def test_wall_clock_budget_stops_early_and_records_steps(decoder_only: Workdir) 
     )
 
 
+def test_the_thread_count_is_the_params_not_the_caller_s(
+    decoder_only: Workdir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flow running stages side by side gives each its share of the cores (OMP_NUM_THREADS, and so
+    PyTorch's threads); training computes with `pretrain.threads` all the same: the thread count changes
+    the float bits, and the same params must give the same weights."""
+    weights, before = [], torch.get_num_threads()
+    short = {"pretrain.threads": 2, "pretrain.max_steps": 6, "pretrain.warmup_steps": 2}
+    try:
+        for share in (1, 2):
+            torch.set_num_threads(share)
+            monkeypatch.setenv("OMP_NUM_THREADS", str(share))
+            with decoder_only.changed(short | {"pretrain.val_every": 100}):
+                run_stages(decoder_only, "pretrain", "decoder_clm")
+            weights.append(
+                (decoder_only.path / "checkpoints/decoder_clm/final/model.safetensors").read_bytes()
+            )
+    finally:
+        torch.set_num_threads(before)
+    assert weights[0] == weights[1]
+
+
 def micro_batch_flops(project: Path, name: str) -> int:
     """FLOPs of one micro-batch of `name` as the project's params.yaml sets it up."""
     from lmpipe.params.project import load_params

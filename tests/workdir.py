@@ -17,6 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
 
 
+def suite_threads() -> int:
+    """The training threads of the suite's projects: a pytest-xdist worker's share of the cores (set by
+    conftest.py), else all of them (0). A project's params pin them (`pretrain.threads`): a stage run in
+    the test's process sets that many threads for the tests after it too."""
+    return int(os.environ.get("OMP_NUM_THREADS") or 0)
+
+
 class Workdir:
     """A temporary project directory: params.yaml and data/, where stages run as in the repo."""
 
@@ -24,6 +31,7 @@ class Workdir:
         self.path = path
         self.params = copy.deepcopy(DEFAULT_PARAMS)
         self.params["clean"]["workers"] = 1  # worker pools are tested on their own
+        self.params["pretrain"]["threads"] = suite_threads()
         self.write_params()
 
     def write_params(self, **sections: object) -> None:

@@ -38,6 +38,12 @@ class FinetuneCommonParams(Strict):
         "32-true", description="auto: bf16-mixed where bf16 is native (a GPU, AVX512-BF16, AMX), else 32-true"
     )
     accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
+    threads: int = Field(
+        1,
+        ge=0,
+        description="CPU threads of each fine-tune (0 = all cores); the stage runs as many fine-tunes at "
+        "once as its cores hold. The thread count changes the float bits, so it is a param",
+    )
 
 
 class FinetuneParams(Strict):

@@ -70,6 +70,12 @@ class PretrainParams(Strict):
     num_nodes: int = Field(1, ge=1, description="nodes of a torchrun or SLURM launch (Lightning's)")
     strategy: Literal["auto", "ddp", "fsdp"] = "auto"
     compile: bool = Field(False, description="torch.compile the model and its loss")
+    threads: int = Field(
+        0,
+        ge=0,
+        description="CPU threads of each training process (0 = its share of the cores: all of them over "
+        "the processes per node). The thread count changes the float bits, so it is a param",
+    )
 
     @model_validator(mode="after")
     def _steps(self) -> PretrainParams:

@@ -95,7 +95,7 @@ def collect(params: FinetuneSections) -> Scored:
             task = TASKS[name]
             for init in INITS:
                 run_dir = finetune_dir(model, name, init)
-                summary = read_json(run_dir / "summary.json", finetune_stage(model, name, init))
+                summary = read_json(run_dir / "summary.json", finetune_stage(model, init))
                 missing = [s for s in params.finetune.seeds if str(s) not in summary["seeds"]]
                 if missing:
                     raise StageError(
@@ -168,7 +168,7 @@ def log_to_model_runs(
         task = params.glue.tasks[0]
         ran = read_json(
             finetune_dir(model, task, "pretrained") / "summary.json",
-            finetune_stage(model, task, "pretrained"),
+            finetune_stage(model, "pretrained"),
         )
         weights = ran.get("weights_sha256")
         run_id = weights and find_run(experiment, {"stage": "pretrain", "model": model, WEIGHTS_TAG: weights})

@@ -45,6 +45,7 @@ from flows.sweep import (
     point_overrides,
     text,
 )
+from lmpipe.layout import INITS
 from lmpipe.params.project import Params
 from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.runtime import StageError
@@ -91,7 +92,6 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
 # spends on its step budget (T5 compares objectives and architectures that way)
 EQUAL_FLOPS = {"architecture"}
-INITS = ("pretrained", "scratch")
 
 
 def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

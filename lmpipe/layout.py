@@ -94,18 +94,21 @@ def pretrain_curve(model: str) -> Path:
     return Path("plots/pretrain") / f"{model}.csv"
 
 
-def finetune_out(model: str, init: str) -> Path:
-    """Every task and seed fine-tuned from `model`'s pretrained weights or from scratch (a DVC output)."""
-    return FINETUNE / model / init
+INITS = ("pretrained", "scratch")  # a model fine-tuned from its pretraining, and its baseline
+
+
+def finetune_out(model: str) -> Path:
+    """Every task and seed fine-tuned from `model`'s pretrained weights and from scratch (a DVC output)."""
+    return FINETUNE / model
 
 
 def finetune_dir(model: str, task: str, init: str) -> Path:
-    return finetune_out(model, init) / task
+    return finetune_out(model) / init / task
 
 
-def finetune_stage(model: str, init: str) -> str:
-    """The name DVC gives the stage that writes `finetune_out(model, init)`."""
-    return f"finetune{'_scratch' if init == 'scratch' else ''}@{model}"
+def finetune_stage(model: str) -> str:
+    """The name DVC gives the stage that writes `finetune_out(model)`."""
+    return f"finetune@{model}"
 
 
 def finetune_cache(key: str) -> Path:

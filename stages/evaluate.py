@@ -21,12 +21,12 @@ from lmpipe.layout import (
     GLUE_PLOT,
     GLUE_REPORT,
     GLUE_TABLE,
+    INITS,
     PREDICTIONS,
 )
 from lmpipe.params.finetune import FinetuneSections
 from lmpipe.params.project import load_stage_params
 from lmpipe.report.glue import (
-    INITS,
     aligned_predictions,
     bar_chart,
     collect,

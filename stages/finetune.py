@@ -1,13 +1,13 @@
-"""Stage `finetune@<model>`: fine-tune a pretrained model on every task of `glue.tasks`, once per seed.
+"""Stage `finetune@<model>`: fine-tune a pretrained model on every task of `glue.tasks`, once per seed,
+and beside it a randomly initialised copy of the same architecture with the same recipe (`scratch`): the
+baseline that says what pretraining bought. Reads `checkpoints/<model>/final`, `data/tokenizer` and
+`data/glue`; writes `data/finetune/<model>/<init>/<task>/`: `seed<k>/<split>.parquet` predictions
+(`idx, label, prediction`) for every evaluation split and `summary.json`. One MLflow run per (task,
+init, seed).
 
-`--init scratch` (stage `finetune_scratch@<model>`) fine-tunes a randomly initialised copy of the same
-architecture with the same recipe: the baseline that says what pretraining bought. Reads
-`checkpoints/<model>/final` (pretrained only), `data/tokenizer` and `data/glue`; writes
-`data/finetune/<model>/<init>/<task>/`: `seed<k>/<split>.parquet` predictions (`idx, label,
-prediction`) for every evaluation split and `summary.json`. One MLflow run per (task, seed).
-
-Each (task, seed) is a job whose finished result is kept by its digest (`lmpipe.layout.finetune_cache`):
-a change to one task's recipe or a seed added re-runs only those, and an interrupted stage resumes. On
+Each (task, init, seed) is a job whose finished result is kept by its digest
+(`lmpipe.layout.finetune_cache`): a change to one task's recipe or a seed added re-runs only those, a
+new pretraining only the pretrained ones (not the baselines), and an interrupted stage resumes. On
 the CPU the jobs run in as many worker processes as the stage's cores hold, at
 `finetune.common.threads` threads each.
 """
@@ -30,7 +30,7 @@ from lmpipe.finetuning import (
     tokenizer_meta,
 )
 from lmpipe.glue.tasks import TASKS
-from lmpipe.layout import final_weights, finetune_cache, finetune_out, finetune_stage
+from lmpipe.layout import INITS, final_weights, finetune_cache, finetune_out, finetune_stage
 from lmpipe.params.finetune import FinetuneSections
 from lmpipe.params.project import load_stage_params
 from lmpipe.runtime import StageError, atomic_dir, log, run_main, sha256_file, write_json
@@ -47,18 +47,13 @@ from lmpipe.tracking import (
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stages.finetune")
     parser.add_argument("model", help="a key of params.yaml: models")
-    parser.add_argument("--init", choices=["pretrained", "scratch"], default="pretrained")
-    args = parser.parse_args(argv)
-    name, init = args.model, args.init
+    name = parser.parse_args(argv).model
     params = load_stage_params(FinetuneSections)
     params.check_model(name)
-    variant, stage = params.models[name], finetune_stage(name, init)
+    variant, stage = params.models[name], finetune_stage(name)
     tok = tokenizer_meta()
-    depends_on = {"tokenizer": tok["sha256"]}
-    weights_sha = None
-    if init == "pretrained":
-        check_tokenizer(name, tok["sha256"])
-        weights_sha = depends_on["weights"] = sha256_file(final_weights(name))
+    check_tokenizer(name, tok["sha256"])
+    weights_sha = sha256_file(final_weights(name))
 
     from models.training import resolve_precision
 
@@ -70,27 +65,35 @@ def main(argv: list[str] | None = None) -> None:
     jobs, outs = [], []
     for task_name in params.glue.tasks:
         task, files = TASKS[task_name], task_files(TASKS[task_name])
-        for seed in params.finetune.seeds:
-            job = FinetuneJob(
-                model=name,
-                init=init,
-                task=task_name,
-                seed=seed,
-                data_seed=params.seed,
-                recipe=params.recipe_of(name, task_name),
-                common=common,
-                config=variant.config(tok["vocab_size"]),
-                pooling=pooling.get(variant.arch),
-                num_labels=1 if task.is_regression else len(task.labels or ()),
-                bos_id=tok["bos_id"],
-                lr_key=params.recipe_key(name, task_name, "lr"),
-            )
-            jobs.append(job)
-            outs.append(finetune_cache(job.digest({**depends_on, **files})))
+        for init in INITS:
+            # a scratch job does not depend on the pretrained weights: a new pretraining re-runs the
+            # stage, and its baselines come from the finished jobs
+            depends_on = {"tokenizer": tok["sha256"], **files}
+            if init == "pretrained":
+                depends_on["weights"] = weights_sha
+            for seed in params.finetune.seeds:
+                job = FinetuneJob(
+                    model=name,
+                    init=init,
+                    task=task_name,
+                    seed=seed,
+                    data_seed=params.seed,
+                    recipe=params.recipe_of(name, task_name),
+                    common=common,
+                    config=variant.config(tok["vocab_size"]),
+                    pooling=pooling.get(variant.arch),
+                    num_labels=1 if task.is_regression else len(task.labels or ()),
+                    bos_id=tok["bos_id"],
+                    lr_key=params.recipe_key(name, task_name, "lr"),
+                )
+                jobs.append(job)
+                outs.append(finetune_cache(job.digest(depends_on)))
+    # the longest first (by epochs and length), so that no worker is left with a long one at the end
     todo = [i for i, out in enumerate(outs) if cached_result(out) is None]
+    todo.sort(key=lambda i: -jobs[i].recipe.epochs * jobs[i].recipe.max_len)
     workers = job_workers(len(todo), common.threads, target.type == "cuda")
     log.info(
-        "%s: %d fine-tunes (%d tasks x %d seeds), %d done before; %d at once",
+        "%s: %d fine-tunes (%d tasks x %d seeds, pretrained and from scratch), %d done before; %d at once",
         stage,
         len(jobs),
         len(params.glue.tasks),
@@ -100,49 +103,48 @@ def main(argv: list[str] | None = None) -> None:
     )
     if todo:
         finished = run_jobs([jobs[i] for i in todo], [outs[i] for i in todo], workers)
-        log_runs(params, name, init, weights_sha, tok["sha256"], finished)
+        log_runs(params, name, weights_sha, tok["sha256"], finished)
 
-    with atomic_dir(finetune_out(name, init)) as tmp:
-        for task_name in params.glue.tasks:
-            task_dir = tmp / task_name
-            task_dir.mkdir()
-            results = {}
-            for job, out in zip(jobs, outs, strict=True):
-                if job.task == task_name:
-                    shutil.copytree(out / "predictions", task_dir / f"seed{job.seed}")
-                    results[str(job.seed)] = cached_result(out)
-            first = next(iter(results.values()))
-            summary = {
-                "model": name,
-                "task": task_name,
-                "init": init,
-                "arch": variant.arch,
-                "objective": variant.objective,
-                "train_rows": first["train_rows"],
-                "eval_rows": first["eval_rows"],
-                "steps": first["steps"],
-                "synthetic": params.glue.synthetic,
-                "tokenizer_sha256": tok["sha256"],
-                "weights_sha256": weights_sha,  # of the pretrained checkpoint; None from scratch
-                "seeds": {
-                    seed: {k: result[k] for k in ("steps", "train_loss", "eval_loss", "predictions_sha256")}
-                    for seed, result in results.items()
-                },
-            }
-            write_json(task_dir / "summary.json", summary)
+    with atomic_dir(finetune_out(name)) as tmp:
+        for init in INITS:
+            for task_name in params.glue.tasks:
+                task_dir = tmp / init / task_name
+                task_dir.mkdir(parents=True)
+                results = {}
+                for job, out in zip(jobs, outs, strict=True):
+                    if (job.task, job.init) == (task_name, init):
+                        shutil.copytree(out / "predictions", task_dir / f"seed{job.seed}")
+                        results[str(job.seed)] = cached_result(out)
+                first = next(iter(results.values()))
+                kept = ("steps", "train_loss", "eval_loss", "predictions_sha256")
+                summary = {
+                    "model": name,
+                    "task": task_name,
+                    "init": init,
+                    "arch": variant.arch,
+                    "objective": variant.objective,
+                    "train_rows": first["train_rows"],
+                    "eval_rows": first["eval_rows"],
+                    "steps": first["steps"],
+                    "synthetic": params.glue.synthetic,
+                    "tokenizer_sha256": tok["sha256"],
+                    # of the pretrained checkpoint; None from scratch
+                    "weights_sha256": weights_sha if init == "pretrained" else None,
+                    "seeds": {seed: {k: result[k] for k in kept} for seed, result in results.items()},
+                }
+                write_json(task_dir / "summary.json", summary)
 
 
 def log_runs(
     params: FinetuneSections,
     name: str,
-    init: str,
-    weights_sha: str | None,
+    weights_sha: str,
     tokenizer_sha: str,
     finished: Iterator[tuple[FinetuneJob, dict[str, Any]]],
 ) -> None:
-    """One MLflow run per fine-tune as it finishes, from the time it started, linked to the pretrain run
-    of the weights it loaded; a diverged loss stops the stage with the key to change."""
-    variant, stage = params.models[name], finetune_stage(name, init)
+    """One MLflow run per fine-tune as it finishes, from the time it started, a pretrained one linked to
+    the pretrain run of the weights it loaded; a diverged loss stops the stage with the key to change."""
+    variant, stage = params.models[name], finetune_stage(name)
     tags = {
         "arch": variant.arch,
         "objective": variant.objective,
@@ -152,17 +154,17 @@ def log_runs(
     for i, (job, result) in enumerate(finished):
         if "error" in result:
             raise StageError(f"{stage} {job.task} seed {job.seed}: {result['error']}")
-        if i == 0 and weights_sha:  # looked up once the jobs run: MLflow's import takes seconds
-            found = find_run(tracking_experiment(), {"stage": "pretrain", WEIGHTS_TAG: weights_sha})
-            if found:
-                tags["pretrain_run_id"] = found
+        if i == 0:  # looked up once the jobs run: MLflow's import takes seconds
+            pretrain_run = find_run(tracking_experiment(), {"stage": "pretrain", WEIGHTS_TAG: weights_sha})
+        # a baseline's run links to no pretraining
+        linked = {"pretrain_run_id": pretrain_run} if job.init == "pretrained" and pretrain_run else {}
         logged_params = {
             f"models.{name}": variant.model_dump(exclude_none=True),
             # the recipe as it trains: the task's, with this model's own values (also logged) on top
             f"finetune.tasks.{job.task}": job.recipe.model_dump(),
             **{f"finetune.models.{name}.{k}": v for k, v in params.finetune.models.get(name, {}).items()},
             "finetune.common": job.common.model_dump(),
-            "init": init,
+            "init": job.init,
             "train_rows": result["train_rows"],
             "seed": job.seed,
         }
@@ -170,8 +172,8 @@ def log_runs(
             "finetune",
             tracking_experiment(),
             logged_params,
-            {**tags, **finetune_run_key(name, job.task, init, job.seed)},
-            run_name=f"{stage}/{job.task}/seed{job.seed}",
+            {**tags, **linked, **finetune_run_key(name, job.task, job.init, job.seed)},
+            run_name=f"{stage}/{job.task}/{job.init}/seed{job.seed}",
             started_at=result["started"],
         ) as run:
             run.log_series("train_loss", result["losses"])
@@ -180,9 +182,10 @@ def log_runs(
             metrics = {"loss": result["eval_loss"], "steps": result["steps"]}
             run.log_metrics({**metrics, "train_seconds": result["seconds"]})
         log.info(
-            "%s %s seed %d: %d steps in %.1f s, train loss %.3f, %s",
+            "%s %s %s seed %d: %d steps in %.1f s, train loss %.3f, %s",
             stage,
             job.task,
+            job.init,
             job.seed,
             result["steps"],
             result["seconds"],

@@ -89,9 +89,8 @@ def test_dvc_yaml_declares_the_outputs_that_stages_layout_names() -> None:
     assert declared("pretrain", "outs") == [str(layout.final_checkpoint(model))]
     assert declared("pretrain", "metrics") == [str(layout.pretrain_metrics(model))]
     assert declared("pretrain", "plots") == [str(layout.pretrain_curve(model))]
-    for init, stage in (("pretrained", "finetune"), ("scratch", "finetune_scratch")):
-        assert declared(stage, "outs") == [str(layout.finetune_out(model, init))]
-        assert layout.finetune_stage("m", init) == f"{stage}@m"
+    assert declared("finetune", "outs") == [str(layout.finetune_out(model))]
+    assert layout.finetune_stage("m") == "finetune@m"
     reports = [layout.GLUE_REPORT, layout.GLUE_TABLE, layout.GLUE_CHART]
     assert declared("evaluate", "outs") == [str(layout.PREDICTIONS.parent), *map(str, reports)]
     assert declared("evaluate", "metrics") == [str(layout.GLUE_METRICS)]
@@ -122,7 +121,7 @@ SHAPE = {
     "lmpipe/data/packing.py": {"pack"},
     "lmpipe/glue/prepare.py": {"glue_prepare"},
     "lmpipe/pretraining.py": {"pretrain"},
-    "lmpipe/finetuning.py": {"finetune", "finetune_scratch"},
+    "lmpipe/finetuning.py": {"finetune"},
     "lmpipe/report/glue.py": {"evaluate"},
     "models/export.py": {"export"},
     "lmpipe/data/readers.py": {"ingest"},
@@ -134,7 +133,7 @@ SHAPE = {
     "lmpipe/data/parallel.py": {"ingest", "clean", "pack"},  # the shards of the data stages
     "lmpipe/data/resume.py": {"ingest", "clean", "pack"},
     "lmpipe/schemas.py": {"ingest", "clean", "glue_prepare"},  # the tables they validate
-    "lmpipe/glue/tasks.py": {"ingest", "glue_prepare", "finetune", "finetune_scratch", "evaluate"},
+    "lmpipe/glue/tasks.py": {"ingest", "glue_prepare", "finetune", "evaluate"},
     "lmpipe/glue/metrics.py": {"evaluate"},
     "lmpipe/report/significance.py": {"evaluate"},
     "lmpipe/tracking.py": set(),  # output-neutral (lmpipe/codedeps.py says why)
@@ -145,8 +144,8 @@ SHAPE = {
     "lmpipe/params/tokenizer.py": {"tokenizer"},
     "lmpipe/params/pack.py": {"pack"},
     "lmpipe/params/project.py": set(),  # the whole-file check: output-neutral
-    "lmpipe/params/glue.py": {"glue_prepare", "finetune", "finetune_scratch", "evaluate"},
-    "lmpipe/params/finetune.py": {"finetune", "finetune_scratch", "evaluate"},
+    "lmpipe/params/glue.py": {"glue_prepare", "finetune", "evaluate"},
+    "lmpipe/params/finetune.py": {"finetune", "evaluate"},
     "lmpipe/params/pretrain.py": {"pretrain"},
     "models/objectives/__init__.py": {"pretrain"},  # the registry
     "models/objectives/base.py": {"pretrain"},
@@ -155,10 +154,10 @@ SHAPE = {
     "models/objectives/span.py": {"pretrain"},
     "models/lightning.py": {"pretrain"},
     "models/flops.py": {"pretrain"},
-    "models/training.py": {"pretrain", "finetune", "finetune_scratch"},
-    "models/finetune.py": {"finetune", "finetune_scratch"},
-    "models/finetune_data.py": {"finetune", "finetune_scratch"},
-    "models/heads.py": {"finetune", "finetune_scratch"},
+    "models/training.py": {"pretrain", "finetune"},
+    "models/finetune.py": {"finetune"},
+    "models/finetune_data.py": {"finetune"},
+    "models/heads.py": {"finetune"},
     "models/hf.py": {"export"},
     "models/hf_remote.py": {"export"},  # read as source (the remote code), not imported
     "README.md": set(),
@@ -207,7 +206,7 @@ def test_an_edit_makes_stale_only_the_stages_of_its_concern(reproduced: Path) ->
             assert stages == SHAPE[path] & graph, path
         elif path.startswith(STAGE_OF_MODULE) and path != "stages/__init__.py":
             own = Path(path).stem
-            assert stages == ({own, f"{own}_scratch"} & graph if own == "finetune" else {own} & graph), path
+            assert stages == {own} & graph, path
         elif path in INFRASTRUCTURE:
             assert stages == graph, path
     documented = (ROOT / "docs/development.md").read_text()
@@ -267,7 +266,6 @@ def test_a_model_s_own_finetune_values_leave_the_pretraining_cached(reproduced: 
     finally:
         params.write_text(original)
     stale = {stage.split(":")[-1] for stage, deps in changed.items() if deps}
-    fine_tunes = ("finetune", "finetune_scratch")
-    expected = {name for name in dvc_stages(reproduced) if name.split("@")[0] in fine_tunes}
+    expected = {name for name in dvc_stages(reproduced) if name.split("@")[0] == "finetune"}
     assert stale == expected and expected
     assert all(deps == {"params.yaml": {"finetune.models": "modified"}} for deps in changed.values())

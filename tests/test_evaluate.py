@@ -253,9 +253,7 @@ def test_bad_prediction_files_are_named_and_nothing_is_written(scored: Workdir) 
     assert not (scored.path / "metrics/glue.json").exists() and not (scored.path / "reports").exists()
 
     (scored.path / "data/finetune/enc/scratch/mrpc/summary.json").unlink()
-    with pytest.raises(
-        StageError, match=r"enc/scratch/mrpc/summary.json: missing; run the 'finetune_scratch@enc'"
-    ):
+    with pytest.raises(StageError, match=r"enc/scratch/mrpc/summary.json: missing; run the 'finetune@enc'"):
         evaluate.main()
 
 

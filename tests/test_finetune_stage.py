@@ -1,6 +1,6 @@
-"""Stages `finetune@<model>` and `finetune_scratch@<model>` on the synthetic sample: predictions,
-summaries, MLflow runs linked to the pretraining run, determinism (in any number of worker processes),
-the finished jobs kept by digest, bad input."""
+"""Stage `finetune@<model>` on the synthetic sample: predictions and summaries of the pretrained model
+and its scratch baseline, MLflow runs linked to the pretraining run, determinism (in any number of
+worker processes), the finished jobs kept by digest, bad input."""
 
 from __future__ import annotations
 
@@ -54,7 +54,6 @@ def tuned(sample_pipeline: Workdir) -> Iterator[Workdir]:
             glue_prepare.main()
         run_stages(sample_pipeline, "pretrain", "enc")
         finetune(sample_pipeline, "enc")
-        finetune(sample_pipeline, "enc", "--init", "scratch")
         yield sample_pipeline
 
 
@@ -107,7 +106,7 @@ def test_one_mlflow_run_per_seed_linked_to_the_pretraining_run(tuned: Workdir) -
             tags = run.data.tags
             assert run.info.status == "FINISHED" and run.info.experiment_id == experiment.experiment_id
             assert tags["stage"] == "finetune" and tags["mlflow.runName"] == (
-                f"finetune{'_scratch' if init == 'scratch' else ''}@enc/stsb/seed{seed}"
+                f"finetune@enc/stsb/{init}/seed{seed}"
             )
             assert (
                 tags["model"],
@@ -139,18 +138,23 @@ def test_same_params_same_predictions_in_any_number_of_processes(
     """Computed again (the finished jobs removed), in this process and in two worker processes: the
     same bytes, as the first time."""
 
-    def predictions() -> dict[str, pd.DataFrame]:
-        files = sorted(out(tuned, "scratch").glob("seed*/*.parquet"))
-        return {str(p.relative_to(out(tuned, "scratch"))): pd.read_parquet(p) for p in files}
+    stage_out = tuned.path / "data/finetune/enc"
 
-    before, summary = predictions(), (out(tuned, "scratch") / "summary.json").read_bytes()
-    assert list(before) == ["seed1/validation.parquet", "seed2/validation.parquet"]
+    def predictions() -> dict[str, pd.DataFrame]:
+        files = sorted(stage_out.glob("*/stsb/seed*/*.parquet"))
+        return {str(p.relative_to(stage_out)): pd.read_parquet(p) for p in files}
+
+    def summaries() -> list[bytes]:
+        return [(out(tuned, init) / "summary.json").read_bytes() for init in ("pretrained", "scratch")]
+
+    before, summary = predictions(), summaries()
+    assert [name.split("/")[0] for name in before] == ["pretrained", "pretrained", "scratch", "scratch"]
     for share in ["1", "2"]:  # the cores the stage may use: one job at a time, or two at once
         shutil.rmtree(tuned.path / FINETUNE_CACHE)
         monkeypatch.setenv("OMP_NUM_THREADS", share)
         with tuned.changed(OVERRIDES):
-            finetune(tuned, "enc", "--init", "scratch")
-        assert (out(tuned, "scratch") / "summary.json").read_bytes() == summary  # no run ids, no timings
+            finetune(tuned, "enc")
+        assert summaries() == summary  # no run ids, no timings
         after = predictions()
         assert list(after) == list(before)
         for name in before:
@@ -163,18 +167,22 @@ def test_finished_jobs_are_kept_by_digest(tuned: Workdir, caplog: pytest.LogCapt
     caplog.set_level("INFO", logger="lmpipe")
     try:
         with tuned.changed({**OVERRIDES, "finetune.seeds": [1, 2, 3]}):
-            finetune(tuned, "enc", "--init", "scratch")
-            assert "3 fine-tunes (1 tasks x 3 seeds), 2 done before" in caplog.text
-            assert "finetune_scratch@enc stsb seed 3:" in caplog.text
-            assert "stsb seed 1:" not in caplog.text
+            finetune(tuned, "enc")
+            assert (
+                "6 fine-tunes (1 tasks x 3 seeds, pretrained and from scratch), 4 done before" in caplog.text
+            )
+            assert "finetune@enc stsb scratch seed 3:" in caplog.text
+            assert "seed 1:" not in caplog.text
             after = json.loads((out(tuned, "scratch") / "summary.json").read_text())
             assert set(after["seeds"]) == {"1", "2", "3"}
             assert {s: after["seeds"][s] for s in ("1", "2")} == before["seeds"]
     finally:
         with tuned.changed(OVERRIDES):
             caplog.clear()
-            finetune(tuned, "enc", "--init", "scratch")
-            assert "2 fine-tunes (1 tasks x 2 seeds), 2 done before" in caplog.text
+            finetune(tuned, "enc")
+            assert (
+                "4 fine-tunes (1 tasks x 2 seeds, pretrained and from scratch), 4 done before" in caplog.text
+            )
     assert json.loads((out(tuned, "scratch") / "summary.json").read_text()) == before
 
 
@@ -223,15 +231,16 @@ def test_a_model_can_have_its_own_recipe_values(tuned: Workdir) -> None:
         "models": {"enc": MODEL, "enc_own": MODEL},
         "finetune.models": {"enc_own": {"epochs": 2, "lr": 3.0e-4}},
     }
+    shutil.copytree(tuned.path / "checkpoints/enc/final", tuned.path / "checkpoints/enc_own/final")
     try:
         with tuned.changed(own):
-            finetune(tuned, "enc_own", "--init", "scratch")
+            finetune(tuned, "enc_own")
             summary = json.loads((tuned.path / "data/finetune/enc_own/scratch/stsb/summary.json").read_text())
             assert summary["train_rows"] == 64 and summary["steps"] == 4  # 2 epochs of 2 batches
             runs = mlflow.search_runs(
                 experiment_names=["lmpipe"], filter_string="tags.model = 'enc_own'", output_format="list"
             )
-            assert sorted(run.data.tags["seed"] for run in runs) == ["1", "2"]
+            assert sorted(run.data.tags["seed"] for run in runs) == ["1", "1", "2", "2"]
             for run in runs:  # the recipe as it trained, and where its values came from
                 logged = run.data.params
                 assert logged["finetune.tasks.stsb.epochs"] == "2"
@@ -240,9 +249,10 @@ def test_a_model_can_have_its_own_recipe_values(tuned: Workdir) -> None:
                 assert logged["finetune.models.enc_own.lr"] == "0.0003"
             diverging, advice = {"finetune.models.enc_own.lr": 1.0e30}, r"lower finetune.models.enc_own.lr$"
             with tuned.changed(diverging), pytest.raises(StageError, match=advice):
-                finetune(tuned, "enc_own", "--init", "scratch")
+                finetune(tuned, "enc_own")
     finally:
         shutil.rmtree(tuned.path / "data/finetune/enc_own", ignore_errors=True)
+        shutil.rmtree(tuned.path / "checkpoints/enc_own")
 
 
 def test_bad_names_and_params_are_one_line(tuned: Workdir) -> None:

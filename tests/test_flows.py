@@ -55,11 +55,7 @@ def runs(filter_string: str, store: str | None = None) -> list[mlflow.entities.R
 def test_graph_is_dvcs_own(project: Path) -> None:
     nodes = read_graph(project)
     assert set(nodes) == dvc_stages(project)  # what `dvc stage list` lists, foreach expanded
-    assert set(nodes["evaluate"].upstream) == {
-        "glue_prepare",
-        "finetune@encoder_mlm",
-        "finetune_scratch@encoder_mlm",
-    }
+    assert set(nodes["evaluate"].upstream) == {"glue_prepare", "finetune@encoder_mlm"}
     assert nodes["pretrain@encoder_mlm"].gpu and nodes["pretrain@encoder_mlm"].retries == 2
     assert not nodes["clean"].gpu and nodes["clean"].retries == 0
     assert set(select(nodes, ["pack"])) == {"sample", "ingest@sample", "clean", "tokenizer", "pack"}
@@ -221,7 +217,7 @@ def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
 def test_pipeline_runs_what_changed_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:
     sh(project, "dvc", "remote", "add", "shared", str(tmp_path / "remote"))  # as workers share a cache
     # tiny stages are mostly process start-up: two at once pay off here (not with the default profile)
-    changed = ["pretrain.lr=0.0017"]  # pretraining and what reads it; the data and the scratch baseline not
+    changed = ["pretrain.lr=0.0017"]  # pretraining and what reads it; not the data
     options = {"repo": str(project), "overrides": changed, "retry_delay_s": 0, "max_parallel": 2}
     state = pipeline(**options, dvc_remote="shared", return_state=True)
     first = state.result()
@@ -290,7 +286,6 @@ def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -
         "pretrain@encoder_mlm",
         "export@encoder_mlm",
         "finetune@encoder_mlm",
-        "finetune_scratch@encoder_mlm",
         "evaluate",
     }
     assert set(summary.skipped) == {"sample", "ingest@sample", "clean", "glue_prepare"}

@@ -16,6 +16,7 @@ from lmpipe.glue.metrics import glue_average, scores
 from lmpipe.glue.tasks import TASKS, GlueTask
 from lmpipe.layout import (
     GLUE,
+    INITS,
     finetune_dir,
     finetune_stage,
     predictions_sha256,
@@ -24,9 +25,6 @@ from lmpipe.params.finetune import FinetuneSections
 from lmpipe.report.significance import METHOD, VERDICTS, Difference, compare
 from lmpipe.runtime import StageError, log, read_json
 from lmpipe.tracking import tracking_experiment
-
-INITS = ("pretrained", "scratch")
-
 
 METRIC_NAMES = {
     "accuracy": "Acc",
@@ -95,7 +93,7 @@ def collect(params: FinetuneSections) -> Scored:
             task = TASKS[name]
             for init in INITS:
                 run_dir = finetune_dir(model, name, init)
-                summary = read_json(run_dir / "summary.json", finetune_stage(model, init))
+                summary = read_json(run_dir / "summary.json", finetune_stage(model))
                 missing = [s for s in params.finetune.seeds if str(s) not in summary["seeds"]]
                 if missing:
                     raise StageError(
@@ -168,7 +166,7 @@ def log_to_model_runs(
         task = params.glue.tasks[0]
         ran = read_json(
             finetune_dir(model, task, "pretrained") / "summary.json",
-            finetune_stage(model, "pretrained"),
+            finetune_stage(model),
         )
         weights = ran.get("weights_sha256")
         run_id = weights and find_run(experiment, {"stage": "pretrain", "model": model, WEIGHTS_TAG: weights})

@@ -43,6 +43,7 @@ from flows.sweep import (
     command_line,
     png,
     point_overrides,
+    points_at_once,
     text,
 )
 from lmpipe.layout import INITS
@@ -480,7 +481,7 @@ def ablation(
         ),
     ] = None,
     repo: Repo = ".",
-    max_parallel: MaxParallel = 2,
+    max_parallel: MaxParallel = None,
     name: SweepName = None,
     profile: Profile = None,
     corpus: Corpus = None,
@@ -504,7 +505,8 @@ def ablation(
     """
     logger = get_run_logger()
     points_spec = resolve_grid(preset, grid)
-    sweep = Sweep("ablation", repo, name, max_parallel, profile, corpus, glue, prefix=preset or "sweep")
+    at_once = points_at_once(max_parallel, pool)
+    sweep = Sweep("ablation", repo, name, at_once, profile, corpus, glue, prefix=preset or "sweep")
     values = expand(points_spec)
     overrides = [sweep.overrides(point) for point in values]
     validated = [sweep.validate(point) for point in overrides]  # every point, up front
@@ -523,9 +525,7 @@ def ablation(
     tags = {"preset": preset or ""}
     grid_params = {"grid": json.dumps(points_spec), "swept": ",".join(swept)}
     points = sweep.start(planned, tags, {}, grid_params, pool, git_remote, dvc_remote)
-    logger.info(
-        "sweep %s: %d points over %s, %d at once", sweep.name, len(points), swept or keys, max_parallel
-    )
+    logger.info("sweep %s: %d points over %s, %d at once", sweep.name, len(points), swept or keys, at_once)
 
     results, failed = sweep.run(points)
     for point in points:

@@ -274,7 +274,9 @@ def schedule(
     """Submit each stage once all its upstream succeeded; never more than the slots allow. A GPU
     stage gets a GPU of its own (CUDA_VISIBLE_DEVICES) while there are as many slots as GPUs; with a
     pool `target`, it is dispatched there instead (with `overrides`), and `max_parallel` counts only
-    the stages that run here."""
+    the stages that run here. Stages at once share the cores (OMP_NUM_THREADS, unless the user set it);
+    without GPUs a training stage (`meta.gpu`) runs alone among them and gets every core."""
+    shared = {**env, **threads_each(max_parallel)}
     logger = get_run_logger()
     summary = Summary()
     stale = changed(repo_dir, list(nodes))  # one status call; later only downstream of a run stage
@@ -312,9 +314,9 @@ def schedule(
                 pending.remove(name)
                 started[name] = time.perf_counter()
                 task_run = run_stage_on_pool.with_options(tags=["gpu"])
-                running[task_run.submit(repo_dir, node, name not in stale, env, target, list(overrides))] = (
-                    node
-                )
+                running[
+                    task_run.submit(repo_dir, node, name not in stale, shared, target, list(overrides))
+                ] = node
                 continue
             options: dict[str, Any] = {"tags": ["gpu"] if node.gpu else ["cpu"]}
             if node.retries:
@@ -323,7 +325,10 @@ def schedule(
             pending.remove(name)
             started[name] = time.perf_counter()
             device = free_gpus.pop(0) if node.gpu and free_gpus else None
-            on_device = {**env, "CUDA_VISIBLE_DEVICES": device} if device is not None else env
+            if device is not None:
+                on_device = {**shared, "CUDA_VISIBLE_DEVICES": device}
+            else:
+                on_device = env if node.gpu and not gpus else shared
             future = run_stage.with_options(**options).submit(repo_dir, node, name not in stale, on_device)
             running[future] = node
             if device is not None:
@@ -404,7 +409,6 @@ def pipeline(
             pulled = dvc(repo_dir, "pull", "--allow-missing", "--remote", dvc_remote, *nodes)
             if pulled.returncode != 0:
                 raise PipelineError(f"dvc pull from '{dvc_remote}' failed: {last_line(pulled.stderr)}")
-        env = {**env, **threads_each(max_parallel)}  # stages at once share the cores
         summary = schedule(
             repo_dir, nodes, max_parallel, gpu_slots, retry_delay_s, env, gpus, target, overrides
         )
@@ -449,7 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", action="append", dest="targets", help="a stage or group; repeatable")
     parser.add_argument("-S", "--set", action="append", dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--max-parallel", type=int, help="stages at once (default: GPUs seen, or 1)")
-    parser.add_argument("--gpu-slots", type=int, help="stages with meta.gpu at once (default: GPUs seen)")
+    parser.add_argument(
+        "--gpu-slots", type=int, help="stages with meta.gpu at once (default: GPUs seen, 1 without)"
+    )
     parser.add_argument("--dvc-remote", help="a DVC remote to pull from first and push to at the end")
     parser.add_argument("--pool", help="run the stages with meta.gpu as flow runs on this Prefect work pool")
     parser.add_argument("--git-remote", default="origin", help="with --pool: the git remote (default origin)")

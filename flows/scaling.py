@@ -38,6 +38,7 @@ from flows.sweep import (
     SweepName,
     command_line,
     png,
+    points_at_once,
 )
 
 MODEL = "decoder_clm"  # Kaplan's L(N) is a decoder's
@@ -252,7 +253,7 @@ def scaling(
         Sequence[Sequence[int]], Option("JSON: [[d_model, n_layers, n_heads], ...] (default: the ladder)")
     ] = LADDER,
     repo: Repo = ".",
-    max_parallel: MaxParallel = 2,
+    max_parallel: MaxParallel = None,
     name: SweepName = None,
     profile: Profile = None,
     corpus: Corpus = None,
@@ -270,7 +271,7 @@ def scaling(
     if tokens_per_parameter <= 0:
         raise PipelineError("scaling: tokens_per_parameter must be > 0")
     values = ladder_points(sizes)
-    sweep = Sweep("scaling", repo, name, max_parallel, profile, corpus, glue)
+    sweep = Sweep("scaling", repo, name, points_at_once(max_parallel, pool), profile, corpus, glue)
     base = sweep.validate(sweep.on_profile)
     if MODEL not in base.models:
         raise PipelineError(f"scaling: {sweep.origin} has no model '{MODEL}' (the ladder scales a decoder)")

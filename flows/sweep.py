@@ -52,7 +52,7 @@ from flows.common import (
     threads_each,
 )
 from flows.dispatch import DISPATCH_TAG, Target, dispatch, pool_target
-from flows.pipeline import read_graph
+from flows.pipeline import read_graph, visible_gpus
 from lmpipe.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve, pretrain_metrics
 from lmpipe.params.project import Params
 from lmpipe.params.schema import PARAMS_FILE
@@ -74,7 +74,10 @@ class Option:
 
 
 Repo = Annotated[str, Option("the DVC project (default: here)")]
-MaxParallel = Annotated[int, Option("points at once (default 2)")]
+MaxParallel = Annotated[
+    int | None,
+    Option("points at once (default: 2 with GPUs or a pool; 1 on a CPU, where a point trains on every core)"),
+]
 SweepName = Annotated[str | None, Option("the sweep's name (default: its kind and the UTC time)")]
 Profile = Annotated[str | None, Option(f"run on a params profile ({', '.join(profiles.available())})")]
 Corpus = Annotated[str | None, Option("the profile's text folder")]
@@ -295,6 +298,15 @@ def _read(repo_dir: Path, path: Path, experiment: str, mode: str = "r") -> Any:
     import dvc.api
 
     return dvc.api.read(path.as_posix(), repo=str(repo_dir), rev=experiment, mode=mode)
+
+
+def points_at_once(max_parallel: int | None, pool: str | None) -> int:
+    """`--max-parallel`, by default 2 with GPUs or a pool and 1 on a CPU-only machine: there a point's
+    training uses every core (`pretrain.threads`, which a sweep does not change, since the thread
+    count changes the float bits), and two at once would each run slower than alone."""
+    if max_parallel is not None:
+        return max_parallel
+    return 2 if pool or visible_gpus() else 1
 
 
 # --- the sweep -----------------------------------------------------------------------------------

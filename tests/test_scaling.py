@@ -87,7 +87,8 @@ def test_ci_sized_ladder_fits_the_law(reproduced_template: Path, tmp_path: Path)
     sh(project, "git", "commit", "-qm", "one decoder")
     sizes = [(32, 1, 2), (48, 1, 2), (64, 2, 2), (96, 2, 2)]
     with prefect_test_harness(server_startup_timeout=60):
-        result = scaling(repo=str(project), name="ladder", tokens_per_parameter=1.0, sizes=sizes)
+        ladder = {"name": "ladder", "tokens_per_parameter": 1.0, "sizes": sizes, "max_parallel": 2}
+        result = scaling(repo=str(project), **ladder)
 
     rows = result["rows"]
     n = [row["n"] for row in rows]

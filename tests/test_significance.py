@@ -156,3 +156,20 @@ def test_a_within_noise_average_is_reported_with_what_the_comparison_could_find(
     (line, _) = in_short({}, {"enc": found}, "enc", {})
     assert line.startswith("- **enc** pretrained: no difference from scratch on the GLUE average beyond")
     assert "(+0.5 [-1.4, +2.4]; these dev sets and seeds find ±2.8 or more 80 % of the time)" in line
+
+
+def test_the_interval_is_the_same_on_any_number_of_blas_threads() -> None:
+    """A flow gives a stage its share of the cores (OMP_NUM_THREADS); the bootstrap's matrix products
+    run on one BLAS thread all the same, since another split of the sums gives other float bits."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(3)
+    labels = rng.normal(size=1500)
+    a = labels + rng.normal(scale=0.5, size=(3, 1500))
+    b = labels + rng.normal(scale=0.7, size=(3, 1500))
+    found = []
+    for threads in (1, 2):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            found.append(paired_difference(TASKS["stsb"], a, b, labels))
+    assert (found[0].low, found[0].high) == (found[1].low, found[1].high)
+    np.testing.assert_array_equal(found[0].distribution, found[1].distribution)

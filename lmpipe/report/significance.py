@@ -14,7 +14,9 @@ bootstrap standard errors (a normal approximation); an effect below it needs mor
 
 The metrics are vectorised over resamples: a resample is the dev set with weights (how often each
 example was drawn), so its sums are one matrix product for every seed and system. On one resample
-they equal scikit-learn's and SciPy's (`lmpipe.glue.tasks.scores`), which the tests check.
+they equal scikit-learn's and SciPy's (`lmpipe.glue.tasks.scores`), which the tests check. The
+products run on one BLAS thread: summed over another split of the threads they give other float bits,
+and the report must not depend on how many stages a flow runs beside it (OMP_NUM_THREADS).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import bootstrap, norm
+from threadpoolctl import threadpool_limits
 
 from lmpipe.glue.tasks import TASKS, GlueTask
 
@@ -170,6 +173,13 @@ def paired_difference(
     a, b, labels = np.asarray(a), np.asarray(b), np.asarray(labels)
     if a.ndim != 2 or a.shape != b.shape or a.shape[1] != len(labels):
         raise ValueError(f"{task.name}: predictions {a.shape} and {b.shape} for {len(labels)} labels")
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _paired_difference(task, a, b, labels, seed)
+
+
+def _paired_difference(
+    task: GlueTask, a: np.ndarray, b: np.ndarray, labels: np.ndarray, seed: int
+) -> Difference:
     whole = np.arange(len(labels))[None]
     delta = 100 * float(score(task, a, labels, whole)[0] - score(task, b, labels, whole)[0])
     if np.array_equal(a, b):  # nothing to resample: every draw is exactly 0

@@ -96,9 +96,11 @@ def code_files(module: str) -> tuple[str, ...]:
     return tuple(sorted(path.as_posix() for path, source in sources.items() if source.strip()))
 
 
+@cache
 def code_digest(module: str) -> str:
     """sha256 of the names and bytes of the files `python -m module` executes: a resumed run's
-    results must come from the same code (a fixed bug must not be resumed around)."""
+    results must come from the same code (a fixed bug must not be resumed around). Once per process,
+    as `code_files`: the code a process runs does not change under it."""
     digest = hashlib.sha256()
     for source in code_files(module):
         digest.update(source.encode() + b"\0" + (ROOT / source).read_bytes())

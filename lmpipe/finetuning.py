@@ -235,6 +235,7 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
         "predictions_sha256": predictions_sha256(partial / "predictions"),
     }
     write_json(partial / "result.json", result)
+    # not atomic_dir: two sweep points may write one entry at once, and it clears other writers' temporaries
     try:
         partial.rename(out)
     except OSError:  # another process finished the same job first: the same bytes
@@ -282,7 +283,7 @@ def job_workers(jobs: int, threads: int, on_gpu: bool) -> int:
     each (a flow running stages side by side gives each its share as OMP_NUM_THREADS); one on a GPU."""
     if on_gpu or jobs <= 1:
         return 1
-    share = int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    share = int(os.environ.get("OMP_NUM_THREADS") or 0) or cpu_threads(0)
     return max(1, min(jobs, share // training_threads(threads)))
 
 

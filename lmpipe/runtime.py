@@ -57,7 +57,7 @@ def cpu_threads(requested: int) -> int:
 def training_threads(requested: int, processes: int = 1) -> int:
     """A training process's threads: `requested`, or (0) its share of the cores among `processes`
     (per node). Never OMP_NUM_THREADS, which flows set by how many stages run at once."""
-    return requested or max(1, len(os.sched_getaffinity(0)) // max(1, processes))
+    return requested or max(1, cpu_threads(0) // max(1, processes))
 
 
 class Meter:

@@ -62,9 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     common = params.finetune.common
     common = common.model_copy(update={"precision": resolve_precision(common.precision, target)})
     pooling = {"encoder": common.encoder_pooling, "encoder_decoder": common.encdec_pooling}
-    jobs, outs = [], []
+    config, jobs, outs = variant.config(tok["vocab_size"]), [], []
     for task_name in params.glue.tasks:
-        task, files = TASKS[task_name], task_files(TASKS[task_name])
+        task, recipe = TASKS[task_name], params.recipe_of(name, task_name)
+        files = task_files(task)
         for init in INITS:
             # a scratch job does not depend on the pretrained weights: a new pretraining re-runs the
             # stage, and its baselines come from the finished jobs
@@ -78,9 +79,9 @@ def main(argv: list[str] | None = None) -> None:
                     task=task_name,
                     seed=seed,
                     data_seed=params.seed,
-                    recipe=params.recipe_of(name, task_name),
+                    recipe=recipe,
                     common=common,
-                    config=variant.config(tok["vocab_size"]),
+                    config=config,
                     pooling=pooling.get(variant.arch),
                     num_labels=1 if task.is_regression else len(task.labels or ()),
                     bos_id=tok["bos_id"],

@@ -32,7 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.config import OBJECTIVE_OF_ARCH, PRESETS, ModelConfig  # noqa: E402
+from models.architectures import ARCHITECTURES  # noqa: E402
+from models.config import PRESETS, ModelConfig  # noqa: E402
 from models.flops import count_step_flops, peak_flops  # noqa: E402
 from models.lightning import PretrainModule, TrainConfig, make_batch  # noqa: E402
 from models.objectives.base import batch_generator
@@ -54,10 +55,11 @@ Step = Callable[[], torch.Tensor]
 
 
 def configs(arch: str, preset: str, seq_len: int, batch_size: int) -> tuple[ModelConfig, TrainConfig]:
-    objective = OBJECTIVE_OF_ARCH[arch]
+    objective = ARCHITECTURES[arch].paper_objective
     size = {**PRESETS[preset], "max_len": max(seq_len, PRESETS[preset]["max_len"])}
     model = ModelConfig(arch=arch, vocab_size=VOCAB, **size)
     train = TrainConfig(
+        arch=arch,
         objective=objective,
         objective_args=OBJECTIVE_ARGS[objective],
         seed=0,

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
+from lmpipe.params.pretrain import objectives_params, PretrainParams
 from lmpipe.pretraining import train_config
 from models.config import PRESETS, ModelConfig
 from models.lightning import PretrainModule, make_batch
@@ -33,7 +33,7 @@ from models.objectives.base import batch_generator
 
 torch.manual_seed(0)
 model = ModelConfig(arch="decoder", vocab_size=4000, **PRESETS["tiny"])
-train = train_config("clm", PretrainParams(seq_len=128, batch_size=16), ObjectivesParams(), 0)
+train = train_config("decoder", "clm", PretrainParams(seq_len=128, batch_size=16), objectives_params(), 0)
 module = PretrainModule(model.to_dict(), train.__dict__)
 optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
 generator = batch_generator(0, 0)

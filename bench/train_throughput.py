@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lmpipe.params.pretrain import ObjectivesParams, PretrainParams  # noqa: E402
+from lmpipe.params.pretrain import PretrainParams, objectives_params  # noqa: E402
 from lmpipe.pretraining import train_config  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from models.lightning import PretrainModule, make_batch  # noqa: E402
@@ -39,7 +39,9 @@ ARCH = {"mlm": "encoder", "clm": "decoder", "span": "encoder_decoder"}
 
 def batch_for(objective: str, size: str) -> dict[str, torch.Tensor]:
     vocab, _, _, _, _, seq, batch = SIZES[size]
-    cfg = train_config(objective, PretrainParams(seq_len=seq, batch_size=batch), ObjectivesParams(), 0)
+    cfg = train_config(
+        ARCH[objective], objective, PretrainParams(seq_len=seq, batch_size=batch), objectives_params(), 0
+    )
     g = batch_generator(0, 0)
     rows = torch.randint(107, vocab, (batch, cfg.row_length()), generator=g)
     return make_batch(rows, cfg, g, vocab)
@@ -57,7 +59,7 @@ def ours(objective: str, size: str):
         max_len=seq,
         bias=True,
     )
-    train = train_config(objective, PretrainParams(seq_len=seq), ObjectivesParams(), 0)
+    train = train_config(ARCH[objective], objective, PretrainParams(seq_len=seq), objectives_params(), 0)
     module = PretrainModule(cfg.to_dict(), train.__dict__)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
 

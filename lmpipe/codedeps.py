@@ -51,12 +51,23 @@ def module_path(module: str) -> Path | None:
     return None
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): a block only type checkers read."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
+
+
 def imports(path: Path, source: str) -> set[str]:
     """Every module `source`, the file at `path` (relative to the root), may import, wherever the
-    import stands."""
+    import stands (but under `if TYPE_CHECKING:`, which never runs)."""
     tree = ast.parse(source, str(path))
     package = ".".join(path.parent.parts)
     found: set[str] = set()
+    for node in ast.walk(tree):
+        if _type_checking_only(node):
+            node.body = []  # never runs: imports for annotations only
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

@@ -169,7 +169,6 @@ class FinetuneJob:
     config: Any  # the model's ModelConfig
     pooling: str | None
     num_labels: int
-    bos_id: int
     lr_key: str  # the dotted key of the lr, for the advice when the loss diverges
 
     def digest(self, depends_on: dict[str, str]) -> str:
@@ -215,7 +214,6 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
         job.num_labels,
         pooling=job.pooling,
         dropout=job.common.dropout,
-        start_id=job.bos_id,
     ).to(device(job.common.accelerator))
     cfg = finetune_config(job.recipe, job.common, job.seed)
     try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from lmpipe.codedeps import code_digest
 from lmpipe.layout import WEIGHTS
-from lmpipe.params.pretrain import ObjectivesParams, PretrainParams, PretrainSections
+from lmpipe.params.pretrain import PretrainParams, PretrainSections
 from lmpipe.runtime import (
     StageError,
     atomic_dir,
@@ -27,12 +27,13 @@ from lmpipe.runtime import (
 )
 
 
-def train_config(objective: str, pretrain: PretrainParams, objectives: ObjectivesParams, seed: int) -> Any:
+def train_config(arch: str, objective: str, pretrain: PretrainParams, objectives: Any, seed: int) -> Any:
     """params.yaml -> the Lightning module's config: the fields of `pretrain` it has, by name."""
     from models.lightning import TrainConfig
 
     shared = {f.name for f in fields(TrainConfig)} & set(PretrainParams.model_fields)
     return TrainConfig(
+        arch=arch,
         objective=objective,
         objective_args=getattr(objectives, objective).model_dump(),
         seed=seed,
@@ -137,7 +138,7 @@ def planned_train_flops(params: PretrainSections, name: str, vocab_size: int) ->
     from models.flops import count_step_flops
 
     variant, run = params.models[name], params.pretrain_of(name)
-    train_cfg = train_config(variant.objective, run, params.objectives, params.seed)
+    train_cfg = train_config(variant.arch, variant.objective, run, params.objectives, params.seed)
     step = count_step_flops(variant.config(vocab_size), train_cfg) * run.accumulate * world_size(run)
     return step * step_budget(name, params, run, step)
 

@@ -1,14 +1,11 @@
-"""One config for the three architectures, and named size presets."""
+"""One config for every architecture (models/architectures), and named size presets."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-Arch = Literal["encoder", "decoder", "encoder_decoder"]
-Objective = Literal["mlm", "clm", "span"]
-# BERT's masked LM, GPT's next token, T5's span corruption: the objective each architecture trains with
-OBJECTIVE_OF_ARCH: dict[str, Objective] = {"encoder": "mlm", "decoder": "clm", "encoder_decoder": "span"}
+from models.architectures import ARCHITECTURES
 
 
 @dataclass(frozen=True)
@@ -16,13 +13,14 @@ class ModelConfig:
     """A model's shape. The `metadata` of a field holds the bounds params.yaml's `models.<name>.<field>`
     is validated against (lmpipe/params/models.py builds its schema from these fields)."""
 
-    arch: Arch = "decoder"
+    arch: str = "decoder"  # a name of models/architectures' registry
     vocab_size: int = 16000
     d_model: int = field(default=256, metadata={"ge": 8})
     n_layers: int = field(default=4, metadata={"ge": 1})  # encoder layers, or a decoder-only model's
     n_decoder_layers: int | None = field(
         default=None, metadata={"ge": 1}
     )  # encoder-decoder: n_layers if None
+    share_encoder_decoder: bool = False  # encoder-decoder: one stack's weights for both (T5's "shared")
     n_heads: int = field(default=4, metadata={"ge": 1})
     d_ff: int = field(default=1024, metadata={"ge": 1})
     max_len: int = field(default=128, metadata={"ge": 8})
@@ -37,12 +35,19 @@ class ModelConfig:
     pad_id: int = 0
 
     def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture '{self.arch}' (one of: {', '.join(ARCHITECTURES)})")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError("rope needs an even head size (d_model / n_heads)")
-        if self.n_decoder_layers is not None and self.arch != "encoder_decoder":
-            raise ValueError("n_decoder_layers is for arch=encoder_decoder only")
+        two_stacks = ARCHITECTURES[self.arch].encoder and ARCHITECTURES[self.arch].decoder
+        if self.n_decoder_layers is not None and not two_stacks:
+            raise ValueError("n_decoder_layers is for an encoder-decoder only")
+        if self.share_encoder_decoder and not two_stacks:
+            raise ValueError("share_encoder_decoder is for an encoder-decoder only")
+        if self.share_encoder_decoder and self.decoder_layers != self.n_layers:
+            raise ValueError("share_encoder_decoder shares one stack: n_decoder_layers must equal n_layers")
 
     @property
     def head_dim(self) -> int:

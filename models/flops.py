@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
+from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
 from models.lightning import PretrainModule, TrainConfig
 from models.objectives import OBJECTIVES
@@ -38,14 +39,17 @@ def peak_flops(device_name: str) -> float | None:
     return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None
 
 
-def lengths(train: TrainConfig) -> tuple[int, int, int]:
-    """(encoder or decoder-only length, decoder length of an encoder-decoder, predictions per batch)."""
-    return OBJECTIVES[train.objective].lengths(train.batch_size, train.seq_len, train.objective_args)
+def lengths(train: TrainConfig) -> tuple[int, int, float]:
+    """(encoder tokens, decoder tokens, predicted tokens) per row: the objective's pair widths as the
+    architecture reads them."""
+    widths = OBJECTIVES[train.objective].widths(train.seq_len, train.objective_args)
+    return ARCHITECTURES[train.arch].tokens(*widths)
 
 
 def example_batch(train: TrainConfig) -> dict[str, Tensor]:
-    """A batch of the objective's shapes, on the meta device."""
-    return OBJECTIVES[train.objective].example_batch(train.batch_size, train.seq_len, train.objective_args)
+    """A batch of the pair's shapes as the architecture has it, on the meta device."""
+    widths = OBJECTIVES[train.objective].widths(train.seq_len, train.objective_args)
+    return ARCHITECTURES[train.arch].example_batch(train.batch_size, *widths)
 
 
 def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
@@ -66,15 +70,19 @@ def block_weights(d_model: int, d_ff: int, mlp: str) -> int:
 
 
 def estimate_step_flops(model: ModelConfig, train: TrainConfig) -> int:
-    """6·N·D + attention + LM head for one micro-batch (forward 2 FLOPs a multiply-add, backward 2x)."""
+    """6·N·D + attention + LM head for one micro-batch (forward 2 FLOPs a multiply-add, backward 2x):
+    each stack over its own tokens, and a decoder's cross-attention to the encoder's."""
     b, (t, u, predicted) = train.batch_size, lengths(train)
     d = model.d_model
     block = block_weights(d, model.d_ff, model.mlp)
-    forward = 2 * b * t * model.n_layers * block + model.n_layers * 4 * b * t * t * d
-    if model.arch == "encoder_decoder":
+    forward = 0
+    if t:  # the encoder
+        forward += 2 * b * t * model.n_layers * block + model.n_layers * 4 * b * t * t * d
+    if u:  # the decoder (a decoder-only model's layers are n_layers)
         layers = model.decoder_layers
-        forward += 2 * b * u * layers * (block + 2 * d * d)  # self-attention, MLP, cross q and out
-        forward += 2 * b * t * layers * 2 * d * d  # cross-attention keys and values of the memory
-        forward += layers * 4 * b * u * (u + t) * d  # self- and cross-attention scores and mixing
-    forward += 2 * predicted * d * model.vocab_size
+        forward += 2 * b * u * layers * block + layers * 4 * b * u * u * d
+        if t:  # cross-attention: q and out on the decoder's tokens, keys and values of the memory
+            forward += 2 * b * u * layers * 2 * d * d + 2 * b * t * layers * 2 * d * d
+            forward += layers * 4 * b * u * t * d
+    forward += 2 * round(predicted * b) * d * model.vocab_size
     return 3 * forward

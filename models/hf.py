@@ -18,8 +18,21 @@ from models.special import SPECIAL
 from models.transformer import Transformer
 
 # the models/ modules whose source, concatenated, is the remote-code modeling file (lmpipe/codedeps.py
-# counts them as code of every stage that imports this module)
-READS_SOURCE_OF = ("models.config", "models.transformer", "models.hf_remote")
+# counts them as code of every stage that imports this module), in an order that defines each name
+# before its use
+READS_SOURCE_OF = (
+    "models.special",
+    "models.pair",
+    "models.architectures.base",
+    "models.architectures.encoder",
+    "models.architectures.decoder",
+    "models.architectures.encoder_decoder",
+    "models.architectures.prefix_lm",
+    "models.architectures",
+    "models.config",
+    "models.transformer",
+    "models.hf_remote",
+)
 
 
 @dataclass(frozen=True)
@@ -217,9 +230,7 @@ def _remote(model: Transformer) -> HFLayout:
         )
     else:
         reason = f"no transformers {cfg.arch} has {', '.join(named)}"
-    lm = {"encoder": "AutoModelForMaskedLM", "decoder": "AutoModelForCausalLM"}.get(
-        cfg.arch, "AutoModelForSeq2SeqLM"
-    )
+    lm = model.arch.lm_auto_class
     config = _common(model) | {
         "model_type": "lmpipe",
         "lmpipe": cfg.to_dict(),
@@ -230,7 +241,7 @@ def _remote(model: Transformer) -> HFLayout:
             "AutoModelForSequenceClassification": "modeling_lmpipe.LmpipeForSequenceClassification",
         },
     }
-    if cfg.arch == "encoder":
+    if lm == "AutoModelForMaskedLM":
         config["custom_pipelines"] = FILL_MASK
     tensors = {f"net.{key}": value for key, value in model.state_dict().items()}
     return HFLayout(

@@ -27,9 +27,8 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from models.config import ModelConfig
+from models.special import SPECIAL
 from models.transformer import Transformer, rope_tables, sinusoidal_table
-
-START_ID = 2  # <s>: the decoder's first input (span corruption's start token)
 
 
 class LmpipeConfig(PretrainedConfig):
@@ -71,13 +70,18 @@ class LmpipePreTrainedModel(PreTrainedModel):
         attention_mask: Tensor | None = None,
         decoder_input_ids: Tensor | None = None,
         decoder_attention_mask: Tensor | None = None,
+        prefix_lengths: Tensor | None = None,
     ) -> Tensor:
-        """The last stack's states; an encoder-decoder without decoder ids runs its decoder on <s>."""
+        """The last stack's states; an encoder-decoder without decoder ids runs its decoder on <s>; a
+        prefix LM without `prefix_lengths` reads the whole input as its prefix (as fine-tuning does)."""
         pad = None if attention_mask is None else attention_mask.bool()
         decoder_pad = None if decoder_attention_mask is None else decoder_attention_mask.bool()
-        if self.net.cfg.arch == "encoder_decoder" and decoder_input_ids is None:
-            decoder_input_ids = torch.full_like(input_ids[:, :1], START_ID)
-        return self.net(input_ids, pad, decoder_input_ids, decoder_pad)
+        if self.net.arch.encoder and self.net.arch.decoder and decoder_input_ids is None:
+            decoder_input_ids = torch.full_like(input_ids[:, :1], SPECIAL.bos)
+        if self.net.arch.prefix and prefix_lengths is None:
+            real = torch.ones_like(input_ids, dtype=torch.bool) if pad is None else pad
+            prefix_lengths = real.long().sum(1)
+        return self.net(input_ids, pad, decoder_input_ids, decoder_pad, prefix_lengths)
 
 
 class LmpipeModel(LmpipePreTrainedModel):
@@ -107,23 +111,25 @@ class LmpipeForLM(LmpipePreTrainedModel):
         labels: Tensor | None = None,
         **kwargs: Any,
     ) -> MaskedLMOutput:
-        decoder_ids, decoder_mask = _decoder(kwargs)
-        if decoder_ids is None and labels is not None and self.net.cfg.arch == "encoder_decoder":
-            start = torch.full_like(labels[:, :1], START_ID)
+        decoder_ids, decoder_mask, prefix_lengths = _decoder(kwargs)
+        if decoder_ids is None and labels is not None and self.net.arch.encoder and self.net.arch.decoder:
+            start = torch.full_like(labels[:, :1], SPECIAL.bos)
             decoder_ids = torch.cat([start, labels[:, :-1].clamp(min=0)], dim=1)
-        logits = self.net.lm_logits(self.hidden(input_ids, attention_mask, decoder_ids, decoder_mask))
+        logits = self.net.lm_logits(
+            self.hidden(input_ids, attention_mask, decoder_ids, decoder_mask, prefix_lengths)
+        )
         loss = None
         if labels is not None:
             scored, targets = logits, labels
-            if self.net.cfg.arch == "decoder":
+            if not self.net.arch.encoder:  # a decoder-only LM: each position's label is the next input
                 scored, targets = logits[:, :-1], labels[:, 1:]
             loss = F.cross_entropy(scored.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         return MaskedLMOutput(loss=loss, logits=logits)
 
 
 class LmpipeForSequenceClassification(LmpipePreTrainedModel):
-    """The pooling our fine-tuning uses by default ([CLS], the last real token, the mean encoder
-    state), dropout and a linear head; regression when num_labels is 1."""
+    """The pooling our fine-tuning uses by default (the architecture's first), dropout and a linear
+    head; regression when num_labels is 1."""
 
     def __init__(self, config: LmpipeConfig) -> None:
         super().__init__(config)
@@ -141,16 +147,7 @@ class LmpipeForSequenceClassification(LmpipePreTrainedModel):
         mask = (
             torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         )
-        arch = self.net.cfg.arch
-        if arch == "encoder":
-            pooled = self.net.encode(input_ids, mask)[:, 0]
-        elif arch == "decoder":
-            last = mask.long().sum(1) - 1
-            pooled = self.net.decode(input_ids, mask)[torch.arange(len(input_ids)), last]
-        else:
-            memory = self.net.encode(input_ids, mask)
-            weights = mask.unsqueeze(-1).to(memory.dtype)
-            pooled = (memory * weights).sum(1) / weights.sum(1).clamp(min=1)
+        pooled = self.net.arch.pooled(self.net, input_ids, mask, self.net.arch.poolings[0])
         logits = self.score(self.drop(pooled))
         loss = None
         if labels is not None:
@@ -208,5 +205,5 @@ class LmpipeFillMaskPipeline(FillMaskPipeline):
     head above) instead of building the native class's untrained one."""
 
 
-def _decoder(kwargs: dict[str, Any]) -> tuple[Tensor | None, Tensor | None]:
-    return kwargs.get("decoder_input_ids"), kwargs.get("decoder_attention_mask")
+def _decoder(kwargs: dict[str, Any]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    return kwargs.get("decoder_input_ids"), kwargs.get("decoder_attention_mask"), kwargs.get("prefix_lengths")

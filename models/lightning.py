@@ -19,7 +19,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from models.config import ModelConfig, Objective
+from models.architectures import ARCHITECTURES
+from models.config import ModelConfig
 from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
 from models.training import derived_seed, read_losses
@@ -34,7 +35,8 @@ class TrainConfig:
     """What shapes a pretraining run's trajectory. `lmpipe.pretraining.train_config` builds it from
     params.yaml (lmpipe/params/pretrain.py)."""
 
-    objective: Objective
+    arch: str  # the model's architecture: its feature converter makes the batches
+    objective: str
     objective_args: dict[str, float]  # params.yaml `objectives.<objective>`
     seed: int
     seq_len: int
@@ -59,7 +61,9 @@ class TrainConfig:
 def make_batch(
     rows: Tensor, cfg: TrainConfig, generator: torch.Generator, vocab_size: int
 ) -> dict[str, Tensor]:
-    return OBJECTIVES[cfg.objective].batch(rows, cfg.objective_args, generator, vocab_size)
+    """The objective's pair of the rows, as the architecture's batch."""
+    pair = OBJECTIVES[cfg.objective].pair(rows, cfg.objective_args, generator, vocab_size)
+    return ARCHITECTURES[cfg.arch].batch(pair)
 
 
 class PackedBatches(IterableDataset):
@@ -242,7 +246,7 @@ class PretrainModule(L.LightningModule):
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
         """Cross-entropy, correct predictions and the number of predicted tokens."""
-        logits, labels = OBJECTIVES[self.cfg.objective].logits_and_labels(self.model, batch)
+        logits, labels = self.model.arch.logits_and_labels(self.model, batch)
         loss, correct = self._token_loss(logits, labels)
         return loss, correct, labels.numel()
 

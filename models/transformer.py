@@ -1,8 +1,9 @@
-"""The block library and the three architectures built from it (in the spirit of nanoGPT's model.py).
+"""The block library and the model built from it (in the spirit of nanoGPT's model.py).
 
-Encoder-only: bidirectional self-attention. Decoder-only: causal self-attention. Encoder-decoder: a
-bidirectional encoder and a causal decoder with cross-attention. Token embeddings are tied to the LM
-head; `lm_logits` takes hidden states already gathered at the positions that need a prediction.
+The architecture (models/architectures) says which stacks a model has: a bidirectional encoder, a
+causal decoder, or both (the decoder then cross-attends to the encoder), and how its hidden states are
+computed from them. Token embeddings are tied to the LM head; `lm_logits` takes hidden states already
+gathered at the positions that need a prediction.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
 
 
@@ -132,7 +134,7 @@ class Block(nn.Module):
         context_mask: Tensor | None = None,
     ) -> Tensor:
         x = self._residual(x, self.norm1, lambda h: self.self_attn(h, mask=mask, causal=causal, rope=rope))
-        if self.cross_attn is not None:
+        if self.cross_attn is not None and context is not None:  # a shared stack encoding: no memory
             x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(h, context, mask=context_mask))
         return self._residual(x, self.norm2, self.mlp)
 
@@ -153,28 +155,48 @@ class Stack(nn.Module):
         rope: tuple[Tensor, Tensor] | None,
         context: Tensor | None = None,
         context_pad_mask: Tensor | None = None,
+        prefix_lengths: Tensor | None = None,
+        causal: bool | None = None,
     ) -> Tensor:
-        mask = attention_mask(pad_mask, self.causal, x.shape[1], x.device)
+        causal = self.causal if causal is None else causal  # a shared stack encodes bidirectionally
+        mask = attention_mask(pad_mask, causal, x.shape[1], x.device, prefix_lengths)
         context_mask = None if context_pad_mask is None else context_pad_mask[:, None, None, :]
         if not self.pre_norm:
             x = self.edge_norm(x)
         for block in self.blocks:
-            x = block(x, mask, self.causal and mask is None, rope, context, context_mask)
+            x = block(x, mask, causal and mask is None, rope, context, context_mask)
         return self.edge_norm(x) if self.pre_norm else x
 
 
-def attention_mask(pad_mask: Tensor | None, causal: bool, length: int, device: torch.device) -> Tensor | None:
-    """Boolean [B, 1, T, T] mask (True = may attend), or None when SDPA's fast paths apply."""
-    if pad_mask is None:
+def attention_mask(
+    pad_mask: Tensor | None,
+    causal: bool,
+    length: int,
+    device: torch.device,
+    prefix_lengths: Tensor | None = None,
+) -> Tensor | None:
+    """Boolean [B, 1, T, T] mask (True = may attend), or None when SDPA's fast paths apply. A causal
+    stack given `prefix_lengths` attends fully within each row's prefix (a prefix LM): a prefix
+    position sees the whole prefix and nothing after it, a later position the prefix and the positions
+    before it."""
+    if pad_mask is None and prefix_lengths is None:
         return None
-    mask = pad_mask[:, None, None, :]
+    mask = (
+        torch.ones(1, 1, 1, length, dtype=torch.bool, device=device)
+        if pad_mask is None
+        else pad_mask[:, None, None, :]
+    )
     if causal:
-        mask = mask & torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        visible = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        if prefix_lengths is not None:
+            in_prefix = torch.arange(length, device=device) < prefix_lengths[:, None]  # [B, T] keys
+            visible = (visible | in_prefix[:, None, :])[:, None]
+        mask = mask & visible
     return mask
 
 
 class Transformer(nn.Module):
-    """Encoder-only, decoder-only or encoder-decoder, by `cfg.arch`."""
+    """The stacks of `cfg.arch`, and the embeddings they share."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -188,11 +210,14 @@ class Transformer(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
-        has_encoder = cfg.arch in ("encoder", "encoder_decoder")
-        self.encoder = Stack(cfg, cfg.n_layers, causal=False, cross=False) if has_encoder else None
+        self.arch = ARCHITECTURES[cfg.arch]
+        # T5's "encoder-decoder, shared": the decoder's stack encodes too (bidirectionally, without
+        # its cross-attention): P parameters at the cost M of two stacks
+        own_encoder = self.arch.encoder and not cfg.share_encoder_decoder
+        self.encoder = Stack(cfg, cfg.n_layers, causal=False, cross=False) if own_encoder else None
         self.decoder = (
-            Stack(cfg, cfg.decoder_layers, causal=True, cross=cfg.arch == "encoder_decoder")
-            if cfg.arch != "encoder"
+            Stack(cfg, cfg.decoder_layers, causal=True, cross=self.arch.encoder)
+            if self.arch.decoder
             else None
         )
         self.apply(self._init_weights)
@@ -217,7 +242,9 @@ class Transformer(nn.Module):
         return (self.rope_cos, self.rope_sin) if self.cfg.positions == "rope" else None
 
     def encode(self, ids: Tensor, pad_mask: Tensor | None = None) -> Tensor:
-        assert self.encoder is not None, "this architecture has no encoder"
+        assert self.arch.encoder, "this architecture has no encoder"
+        if self.encoder is None:  # shared with the decoder
+            return self.decoder(self._embed(ids), pad_mask, self._rope(), causal=False)
         return self.encoder(self._embed(ids), pad_mask, self._rope())
 
     def decode(
@@ -226,9 +253,10 @@ class Transformer(nn.Module):
         pad_mask: Tensor | None = None,
         memory: Tensor | None = None,
         memory_pad_mask: Tensor | None = None,
+        prefix_lengths: Tensor | None = None,
     ) -> Tensor:
         assert self.decoder is not None, "this architecture has no decoder"
-        return self.decoder(self._embed(ids), pad_mask, self._rope(), memory, memory_pad_mask)
+        return self.decoder(self._embed(ids), pad_mask, self._rope(), memory, memory_pad_mask, prefix_lengths)
 
     def forward(
         self,
@@ -236,17 +264,11 @@ class Transformer(nn.Module):
         pad_mask: Tensor | None = None,
         decoder_ids: Tensor | None = None,
         decoder_pad_mask: Tensor | None = None,
+        prefix_lengths: Tensor | None = None,
     ) -> Tensor:
-        """Hidden states of the last stack: the encoder's, the decoder's, or the decoder's given the
-        encoder's output on `ids` (encoder-decoder, with `decoder_ids`)."""
-        if self.cfg.arch == "encoder":
-            return self.encode(ids, pad_mask)
-        if self.cfg.arch == "decoder":
-            return self.decode(ids, pad_mask)
-        if decoder_ids is None:
-            raise ValueError("an encoder-decoder needs decoder_ids")
-        memory = self.encode(ids, pad_mask)
-        return self.decode(decoder_ids, decoder_pad_mask, memory, pad_mask)
+        """Hidden states of the last stack, as the architecture computes them (an encoder-decoder's
+        decoder reads `decoder_ids`; a prefix LM attends fully within each row's prefix)."""
+        return self.arch.hidden(self, ids, pad_mask, decoder_ids, decoder_pad_mask, prefix_lengths)
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
         """Tied output embedding: logits over the vocabulary for the given hidden states."""

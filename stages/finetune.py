@@ -84,7 +84,6 @@ def main(argv: list[str] | None = None) -> None:
                     config=config,
                     pooling=pooling.get(variant.arch),
                     num_labels=1 if task.is_regression else len(task.labels or ()),
-                    bos_id=tok["bos_id"],
                     lr_key=params.recipe_key(name, task_name, "lr"),
                 )
                 jobs.append(job)

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     variant, run = params.models[name], params.pretrain_of(name)
     meta = read_json(TOKENS / "meta.json", "pack")
     model_cfg = variant.config(meta["vocab_size"])
-    train_cfg = train_config(variant.objective, run, params.objectives, params.seed)
+    train_cfg = train_config(variant.arch, variant.objective, run, params.objectives, params.seed)
 
     import torch
     from lightning.pytorch.utilities import rank_zero_only

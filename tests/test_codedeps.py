@@ -147,14 +147,29 @@ SHAPE = {
     "lmpipe/params/glue.py": {"glue_prepare", "finetune", "evaluate"},
     "lmpipe/params/finetune.py": {"finetune", "evaluate"},
     "lmpipe/params/pretrain.py": {"pretrain"},
-    "models/objectives/__init__.py": {"pretrain"},  # the registry
-    "models/objectives/base.py": {"pretrain"},
-    "models/objectives/mlm.py": {"pretrain"},
-    "models/objectives/clm.py": {"pretrain"},
-    "models/objectives/span.py": {"pretrain"},
+    # the registries and what they import: every stage that validates `models` asks them which
+    # architectures and objectives there are, and which pairs fit
+    **{
+        f"models/{module}.py": {"pretrain", "export", "finetune", "evaluate"}
+        for module in (
+            "objectives/__init__",
+            "objectives/base",
+            "objectives/mlm",
+            "objectives/clm",
+            "objectives/lm",
+            "objectives/span",
+            "architectures/__init__",
+            "architectures/base",
+            "architectures/encoder",
+            "architectures/decoder",
+            "architectures/prefix_lm",
+            "architectures/encoder_decoder",
+            "pair",
+        )
+    },
     "models/lightning.py": {"pretrain"},
     "models/flops.py": {"pretrain"},
-    "models/training.py": {"pretrain", "finetune"},
+    "models/training.py": {"pretrain", "export", "finetune", "evaluate"},  # the objectives' seeds
     "models/finetune.py": {"finetune"},
     "models/finetune_data.py": {"finetune"},
     "models/heads.py": {"finetune"},

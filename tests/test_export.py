@@ -36,6 +36,8 @@ VARIANTS = [
     ("decoder", {"positions": "rope", "mlp": "swiglu"}, "LmpipeForLM"),
     ("encoder_decoder", {}, "LmpipeForLM"),
     ("encoder_decoder", {**T5, "n_decoder_layers": 3}, "LmpipeForLM"),
+    ("encoder_decoder", {"share_encoder_decoder": True}, "LmpipeForLM"),
+    ("prefix_lm", {}, "LmpipeForLM"),  # the input as the prefix, as fine-tuning reads it
 ]
 
 
@@ -78,10 +80,11 @@ def test_transformers_computes_what_ours_does_on_real_text(
             theirs = AutoModel.from_pretrained(tmp_path, trust_remote_code=remote)
             got = theirs(input_ids=ids, attention_mask=batch["attention_mask"]).last_hidden_state
             want = model.encode(ids, mask)
-        elif arch == "decoder":
+        elif arch in ("decoder", "prefix_lm"):
             theirs = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=remote)
             got = theirs(input_ids=ids, attention_mask=batch["attention_mask"]).logits
-            want = model.lm_logits(model.decode(ids, mask))
+            prefix = mask.long().sum(1) if arch == "prefix_lm" else None
+            want = model.lm_logits(model.decode(ids, mask, prefix_lengths=prefix))
         else:
             theirs = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, trust_remote_code=True)
             targets = ids[:, 1:9]  # a decoder input of real tokens

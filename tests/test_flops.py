@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
+from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops, peak_flops
@@ -32,7 +32,7 @@ def configs(arch: str, objective: str, variant: dict, **pretrain):
         arch=arch, vocab_size=1000, d_model=64, n_layers=2, n_heads=4, d_ff=160, **variant, **extra
     )
     run = PretrainParams(seq_len=32, batch_size=4, **pretrain)
-    return model, train_config(objective, run, ObjectivesParams(), seed=3)
+    return model, train_config(arch, objective, run, objectives_params(), seed=3)
 
 
 @pytest.mark.parametrize(("arch", "objective"), ARCHS)
@@ -42,7 +42,9 @@ def test_count_equals_the_closed_form_estimate(arch: str, objective: str, varian
     counted = count_step_flops(model, train)
     assert counted == estimate_step_flops(model, train)
     # and it scales as it must: twice the batch, twice the FLOPs
-    wider = train_config(objective, PretrainParams(seq_len=32, batch_size=8), ObjectivesParams(), seed=3)
+    wider = train_config(
+        arch, objective, PretrainParams(seq_len=32, batch_size=8), objectives_params(), seed=3
+    )
     assert count_step_flops(model, wider) == 2 * counted
 
 

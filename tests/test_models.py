@@ -121,7 +121,7 @@ def test_presets_have_the_papers_shapes() -> None:
 def test_config_rejects_conflicts() -> None:
     with pytest.raises(ValueError, match="divisible by n_heads"):
         ModelConfig(d_model=30, n_heads=4)
-    with pytest.raises(ValueError, match="encoder_decoder only"):
+    with pytest.raises(ValueError, match="encoder-decoder only"):
         ModelConfig(arch="decoder", n_decoder_layers=2)
     with pytest.raises(ValueError, match="exceeds max_len=16"):
         model_of(arch="decoder")(ids(1, length=17))

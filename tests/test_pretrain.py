@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from lmpipe.params.pretrain import ObjectivesParams, PretrainParams
+from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from lmpipe.tracking import find_run
 from models.transformer import load_pretrained
@@ -190,7 +190,8 @@ def test_bad_model_params_fail_early(workdir: Workdir) -> None:
     result = workdir.run("pack")
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "error: params.yaml: models.odd: objective 'mlm' does not fit arch 'decoder' (use 'clm')"
+        "error: params.yaml: models.odd.objective='mlm': does not fit arch 'decoder', whose converter "
+        "takes sequence or targets_only pairs ('mlm' makes aligned ones; these fit: clm, lm, span)"
     )
     workdir.set("models", {"long": {"arch": "decoder", "objective": "clm", "preset": "tiny"}})
     workdir.set("pretrain.seq_len", 256)
@@ -444,7 +445,7 @@ def test_batches_are_a_function_of_the_step(tmp_path: Path, sampling: str) -> No
     tokens = np.arange(107, 107 + 64 * 9, dtype=np.uint16)  # 64 rows of 9 tokens (CLM, seq_len 8)
     tokens.tofile(tmp_path / "train.bin")
     run = PretrainParams(seq_len=8, batch_size=4, sampling=sampling)
-    cfg = train_config("clm", run, ObjectivesParams(), seed=5)
+    cfg = train_config("decoder", "clm", run, objectives_params(), seed=5)
     whole = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, start=0, stop=32))
     resumed = list(PackedBatches(tmp_path / "train.bin", "uint16", cfg, 2000, start=20, stop=32))
     for a, b in zip(whole[20:], resumed, strict=True):
@@ -508,7 +509,9 @@ def micro_batch_flops(project: Path, name: str) -> int:
     vocab = json.loads((project / "data/tokens/meta.json").read_text())["vocab_size"]
     params = load_params(project / "params.yaml")
     variant = params.models[name]
-    train = train_config(variant.objective, params.pretrain_of(name), params.objectives, params.seed)
+    train = train_config(
+        variant.arch, variant.objective, params.pretrain_of(name), params.objectives, params.seed
+    )
     return count_step_flops(variant.config(vocab), train)
 
 

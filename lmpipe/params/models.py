@@ -6,11 +6,13 @@ import re
 from dataclasses import fields
 from typing import Any, Literal, get_type_hints
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
 from lmpipe.params.schema import Sections, Strict
 from lmpipe.runtime import StageError
-from models.config import OBJECTIVE_OF_ARCH, PRESETS, Arch, ModelConfig, Objective
+from models.architectures import ARCHITECTURES
+from models.config import PRESETS, ModelConfig
+from models.objectives import OBJECTIVES
 
 # a variant may override every field of the model config but the architecture (its own key) and what
 # the tokenizer decides (the vocabulary, the padding id): their types and bounds are the config's own
@@ -29,8 +31,8 @@ _Overrides = create_model(
 class ModelParams(_Overrides):
     """A named model variant: architecture, objective, a size preset and any overrides of it."""
 
-    arch: Arch
-    objective: Objective
+    arch: str = Field(description=f"models/architectures' registry: {', '.join(ARCHITECTURES)}")
+    objective: str = Field(description=f"models/objectives' registry: {', '.join(OBJECTIVES)}")
     preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
     # here, not in the `pretrain` section, so that `pretrain@<other>` (which depends on `pretrain`) is
     # not made stale by this model's budget; checked against the pretrain keys by PretrainSections
@@ -38,14 +40,28 @@ class ModelParams(_Overrides):
         {}, description="this model's own values of `pretrain` keys (e.g. a step budget)"
     )
 
-    @model_validator(mode="after")
-    def _objective_fits_arch(self) -> ModelParams:
-        expected = OBJECTIVE_OF_ARCH[self.arch]
-        if self.objective != expected:
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, arch: str) -> str:
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture '{arch}' (one of: {', '.join(ARCHITECTURES)})")
+        return arch
+
+    @field_validator("objective")
+    @classmethod
+    def _objective_fits_arch(cls, objective: str, info: ValidationInfo) -> str:
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective '{objective}' (one of: {', '.join(OBJECTIVES)})")
+        if "arch" not in info.data:  # an unknown architecture: said on its own key
+            return objective
+        arch, kind = ARCHITECTURES[info.data["arch"]], OBJECTIVES[objective].kind
+        if kind not in arch.fits:
+            fitting = [name for name, other in OBJECTIVES.items() if other.kind in arch.fits]
             raise ValueError(
-                f"objective '{self.objective}' does not fit arch '{self.arch}' (use '{expected}')"
+                f"does not fit arch '{arch.name}', whose converter takes {' or '.join(sorted(arch.fits))} "
+                f"pairs ('{objective}' makes {kind} ones; these fit: {', '.join(fitting)})"
             )
-        return self
+        return objective
 
     def config_fields(self) -> dict[str, Any]:
         """Preset values overridden by what this variant sets."""

@@ -2,39 +2,47 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import fields
+from functools import cache
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Strict, _problems
+from models.objectives import OBJECTIVES
 
 
-class MLMParams(Strict):
-    mask_rate: float = Field(0.15, gt=0.0, lt=1.0)
-    mask_fraction: Fraction = 0.8
-    random_fraction: Fraction = 0.1
+def _section_model(name: str) -> type[Strict]:
+    """The schema of `objectives.<name>`: the objective's params dataclass, its fields' metadata the
+    bounds and description, its `check` the rules across fields."""
+    params = OBJECTIVES[name].Params
+    hints = get_type_hints(params)
 
-    @model_validator(mode="after")
-    def _split(self) -> MLMParams:
-        if self.mask_fraction + self.random_fraction > 1.0:
-            raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
-        return self
+    def _rules(section: Strict) -> Strict:
+        params(**section.model_dump()).check()
+        return section
 
-
-class CLMParams(Strict):
-    """Next-token prediction has no knobs; the section exists so DVC can depend on it like the others."""
-
-
-class SpanParams(Strict):
-    noise_density: float = Field(0.15, gt=0.0, lt=1.0)
-    mean_span_length: float = Field(3.0, ge=1.0)
+    return create_model(
+        params.__name__,
+        __base__=Strict,
+        __validators__={"_rules": model_validator(mode="after")(_rules)},
+        **{f.name: (hints[f.name], Field(f.default, **f.metadata)) for f in fields(params)},
+    )
 
 
-class ObjectivesParams(Strict):
-    mlm: MLMParams = MLMParams()
-    clm: CLMParams = CLMParams()
-    span: SpanParams = SpanParams()
+@cache
+def _objectives_model(registered: tuple[str, ...]) -> type[Strict]:
+    sections = {name: _section_model(name) for name in registered}
+    return create_model(
+        "ObjectivesParams", __base__=Strict, **{name: (model, model()) for name, model in sections.items()}
+    )
+
+
+def objectives_params(sections: Any = None) -> Strict:
+    """params.yaml's `objectives`: one section per registered objective (models/objectives), each
+    validated by the objective's own params class; an objective registered after import is seen."""
+    return _objectives_model(tuple(OBJECTIVES)).model_validate(sections or {})
 
 
 class PretrainParams(Strict):
@@ -92,8 +100,13 @@ class PretrainParams(Strict):
 class PretrainSections(ModelsSections):
     """The sections `pretrain@<model>` reads, and what they must agree on."""
 
-    objectives: ObjectivesParams = ObjectivesParams()
+    objectives: Any = Field(default_factory=dict, validate_default=True)
     pretrain: PretrainParams = PretrainParams()
+
+    @field_validator("objectives", mode="before")
+    @classmethod
+    def _objectives(cls, sections: Any) -> Strict:
+        return objectives_params(sections)
 
     def pretrain_of(self, model: str) -> PretrainParams:
         """The pretrain section as it applies to `model`: its `models.<model>.pretrain` values on top."""

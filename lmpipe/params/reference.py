@@ -19,6 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from lmpipe.data.quality import RULES
+from lmpipe.params.pretrain import objectives_params
 from lmpipe.params.project import Params
 from lmpipe.params.schema import read_params_yaml
 
@@ -113,7 +114,8 @@ def reference() -> str:
     for name in sorted(fields, key=lambda key: list(written).index(key) if key in written else len(written)):
         field = fields[name]
         parts.append(f"\n## `{name}`\n")
-        nested = model_of(field.annotation)
+        # the objectives' sections are the registered objectives' own params classes
+        nested = ("", type(objectives_params())) if name == "objectives" else model_of(field.annotation)
         if nested is None:
             parts.append(table + row(name, field) + "\n")
             continue

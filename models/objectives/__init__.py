@@ -1,8 +1,22 @@
-"""The pretraining objectives, one module each (what a batch is, which logits its loss compares, its
-shapes for the FLOPs count), registered here once: a new objective is one module and one line below,
-and its section of params.yaml `objectives` (lmpipe/params/pretrain.py)."""
+"""The pretraining objectives, one module each (the pair it makes of rows, its params with their
+bounds, its widths for the FLOPs count), registered here once: a new objective is one module and one
+line below (or a call of `register` from a module of its own); params.yaml's `objectives` section is
+derived from this registry (lmpipe/params/pretrain.py)."""
 
-from models.objectives import clm, mlm, span
+from __future__ import annotations
+
+from models.objectives import clm, lm, mlm, span
 from models.objectives.base import Objective
 
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (mlm.OBJECTIVE, clm.OBJECTIVE, span.OBJECTIVE)}
+OBJECTIVES: dict[str, Objective] = {}
+
+
+def register(objective: Objective) -> Objective:
+    """Add an objective to the registry: `models.<name>.objective` may name it, `objectives.<name>`
+    holds its params."""
+    OBJECTIVES[objective.name] = objective
+    return objective
+
+
+for _objective in (mlm.OBJECTIVE, clm.OBJECTIVE, lm.OBJECTIVE, span.OBJECTIVE):
+    register(_objective)

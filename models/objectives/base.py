@@ -1,56 +1,65 @@
-"""What a pretraining objective is, and the random stream its batches draw from."""
+"""What a pretraining objective is, and the random stream its batches draw from.
+
+As in T5's own code, an objective only makes `(inputs, targets)` from a batch of rows of tokens; the
+architecture's feature converter (models/architectures) turns that pair into its batch. So any
+objective trains any architecture whose converter can express the pair's kind.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch import Tensor
+from models.pair import Pair, PairKind
 
-from models.training import derived_seed
-from models.transformer import Transformer
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 Args = Mapping[str, float]  # params.yaml `objectives.<name>`
 
 
+@dataclass(frozen=True)
+class ObjectiveParams:
+    """An objective's section of params.yaml (`objectives.<name>`): its fields, their bounds and
+    description in each field's metadata (lmpipe/params/pretrain.py builds the schema from them, as
+    lmpipe/params/models.py does from models/config.py; models/ needs no pydantic)."""
+
+    def check(self) -> None:
+        """Rules across fields: a ValueError says which is broken."""
+
+
 class Objective(ABC):
-    """A pretraining objective: the tokens a row reads, a batch made of rows, the logits and labels its
-    cross-entropy compares, and the batch's shapes (what the FLOPs count needs)."""
+    """A pretraining objective: the tokens a row reads, the pair it makes of rows, and the widths of
+    that pair (what the FLOPs count needs)."""
 
     name: ClassVar[str]
-    arch: ClassVar[str]  # the architecture it trains (models/config.py OBJECTIVE_OF_ARCH)
+    kind: ClassVar[PairKind]
+    Params: ClassVar[type[ObjectiveParams]] = ObjectiveParams
 
     def row_length(self, seq_len: int, args: Args) -> int:
         """Tokens read per row for inputs of `seq_len`."""
         return seq_len
 
     @abstractmethod
-    def batch(
-        self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int
-    ) -> dict[str, Tensor]: ...
+    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair: ...
 
     @abstractmethod
-    def logits_and_labels(self, model: Transformer, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """Flat logits and the labels they predict."""
-
-    @abstractmethod
-    def lengths(self, batch_size: int, seq_len: int, args: Args) -> tuple[int, int, int]:
-        """(encoder or decoder-only length, decoder length of an encoder-decoder, predictions per batch)."""
-
-    def example_batch(self, batch_size: int, seq_len: int, args: Args) -> dict[str, Tensor]:
-        """A batch of the objective's shapes, on the meta device."""
-        t, targets, _ = self.lengths(batch_size, seq_len, args)
-        meta = {"dtype": torch.long, "device": "meta"}
-        return {
-            "input_ids": torch.zeros(batch_size, t, **meta),
-            "labels": torch.zeros(batch_size, targets or t, **meta),
-        }
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+        """(inputs width, targets width, predicted tokens per row): exact for fixed-width pairs, the
+        expectation where rows differ."""
 
 
 def batch_generator(seed: int, index: int) -> torch.Generator:
     """The RNG of one micro-batch by its index across processes (micro-step × processes + rank): the
     same masks whichever DataLoader worker builds it (any number of workers, a resume at any step), and
     W processes see the micro-batches that one process accumulating W of them would."""
+    import torch
+
+    from models.training import derived_seed  # it imports torch
+
     return torch.Generator().manual_seed(derived_seed(seed, index))

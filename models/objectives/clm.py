@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
-from models.objectives.base import Args, Objective
-from models.transformer import Transformer
+from models.objectives.base import Args, Objective, Pair
+
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 def causal_lm_batch(tokens: Tensor) -> tuple[Tensor, Tensor]:
@@ -15,22 +19,16 @@ def causal_lm_batch(tokens: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class CausalLM(Objective):
-    name, arch = "clm", "decoder"
+    name, kind = "clm", "targets_only"
 
     def row_length(self, seq_len: int, args: Args) -> int:
-        return seq_len + 1  # the inputs and the shifted targets
+        return seq_len + 1  # a decoder reads seq_len of them and predicts each one's next
 
-    def batch(
-        self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int
-    ) -> dict[str, Tensor]:
-        inputs, targets = causal_lm_batch(rows)
-        return {"input_ids": inputs, "labels": targets}
+    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
+        return Pair(rows[:, :0], rows)
 
-    def logits_and_labels(self, model: Transformer, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        return model.lm_logits(model(batch["input_ids"])).flatten(0, 1), batch["labels"].flatten()
-
-    def lengths(self, batch_size: int, seq_len: int, args: Args) -> tuple[int, int, int]:
-        return seq_len, 0, batch_size * seq_len
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+        return 0, seq_len + 1, seq_len
 
 
 OBJECTIVE = CausalLM()

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
-
-from models.objectives.base import Args, Objective
+from models.objectives.base import Args, Objective, ObjectiveParams, Pair
 from models.special import SPECIAL, SpecialIds
-from models.transformer import Transformer
+
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 @dataclass
@@ -29,6 +32,8 @@ def mask_tokens(
     random_fraction: float = 0.1,
     special: SpecialIds = SPECIAL,
 ) -> MaskedBatch:
+    import torch
+
     if not 0.0 < rate < 1.0:
         raise ValueError(f"rate must be in (0, 1), got {rate}")
     if mask_fraction < 0 or random_fraction < 0 or mask_fraction + random_fraction > 1.0:
@@ -54,34 +59,32 @@ def mask_tokens(
     return MaskedBatch(inputs.view_as(tokens), positions, labels)
 
 
-class MaskedLM(Objective):
-    name, arch = "mlm", "encoder"
+@dataclass(frozen=True)
+class MLMParams(ObjectiveParams):
+    mask_rate: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
+    mask_fraction: float = field(default=0.8, metadata={"ge": 0.0, "le": 1.0})
+    random_fraction: float = field(default=0.1, metadata={"ge": 0.0, "le": 1.0})
 
-    def batch(
-        self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int
-    ) -> dict[str, Tensor]:
+    def check(self) -> None:
+        if self.mask_fraction + self.random_fraction > 1.0:
+            raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
+
+
+class MaskedLM(Objective):
+    name, kind, Params = "mlm", "aligned", MLMParams
+
+    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
+        import torch
+
         masked = mask_tokens(
             rows, generator, vocab_size, args["mask_rate"], args["mask_fraction"], args["random_fraction"]
         )
-        return {"input_ids": masked.input_ids, "positions": masked.positions, "labels": masked.labels}
+        noise = torch.zeros(rows.numel(), dtype=torch.bool)
+        noise[masked.positions] = True
+        return Pair(masked.input_ids, rows, noise=noise.view_as(rows))
 
-    def logits_and_labels(self, model: Transformer, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        hidden = model(batch["input_ids"])
-        # LM head and loss only where a token was selected: the main speed lever at small sizes
-        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["positions"])
-        return model.lm_logits(hidden), batch["labels"]
-
-    def lengths(self, batch_size: int, seq_len: int, args: Args) -> tuple[int, int, int]:
-        return seq_len, 0, round(args["mask_rate"] * batch_size * seq_len)  # the expected selection
-
-    def example_batch(self, batch_size: int, seq_len: int, args: Args) -> dict[str, Tensor]:
-        _, _, predicted = self.lengths(batch_size, seq_len, args)
-        meta = {"dtype": torch.long, "device": "meta"}
-        return {
-            "input_ids": torch.zeros(batch_size, seq_len, **meta),
-            "positions": torch.zeros(predicted, **meta),
-            "labels": torch.zeros(predicted, **meta),
-        }
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+        return seq_len, seq_len, args["mask_rate"] * seq_len  # the expected selection
 
 
 OBJECTIVE = MaskedLM()

@@ -3,14 +3,17 @@ decoder's targets list each sentinel followed by its span (T5's random_spans_noi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
-
-from models.objectives.base import Args, Objective
+from models.objectives.base import Args, Objective, ObjectiveParams, Pair
 from models.special import SPECIAL, SpecialIds
-from models.transformer import Transformer
+
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 
 def _span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
@@ -43,6 +46,8 @@ def span_corruption_lengths(
 
 def _random_segmentation(num_items: int, num_segments: int, generator: torch.Generator) -> Tensor:
     """Lengths of `num_segments` non-empty segments that add up to `num_items`, uniformly at random."""
+    import torch
+
     first_in_segment = torch.zeros(num_items, dtype=torch.long)
     cuts = torch.randperm(num_items - 1, generator=generator)[: num_segments - 1] + 1
     first_in_segment[cuts] = 1
@@ -54,6 +59,8 @@ def random_spans_noise_mask(
     length: int, noise_density: float, mean_noise_span_length: float, generator: torch.Generator
 ) -> Tensor:
     """T5's noise mask: alternating non-noise and noise spans, starting with non-noise."""
+    import torch
+
     original_length = length
     length = max(length, 2)  # as T5: at least one noise and one non-noise token
     num_noise, num_spans = _span_counts(length, noise_density, mean_noise_span_length)
@@ -66,6 +73,8 @@ def random_spans_noise_mask(
 
 def _replace_spans(row: Tensor, spans: Tensor, first_sentinel: int) -> Tensor:
     """Each run of True in `spans` becomes one sentinel (numbered in order); other tokens are kept."""
+    import torch
+
     starts = spans & ~torch.cat([spans.new_zeros(1), spans[:-1]])
     sentinel_ids = first_sentinel + starts.long().cumsum(0) - 1
     return torch.where(starts, sentinel_ids, row)[~spans | starts]
@@ -84,6 +93,8 @@ def span_corrupt(
     mean_noise_span_length: float = 3.0,
     special: SpecialIds = SPECIAL,
 ) -> SpanBatch:
+    import torch
+
     length = tokens.shape[1]
     _, num_spans = _span_counts(max(length, 2), noise_density, mean_noise_span_length)
     if num_spans > special.n_sentinels:
@@ -99,28 +110,25 @@ def span_corrupt(
     return SpanBatch(torch.stack(inputs), torch.stack(targets))
 
 
+@dataclass(frozen=True)
+class SpanParams(ObjectiveParams):
+    noise_density: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
+    mean_span_length: float = field(default=3.0, metadata={"ge": 1.0})
+
+
 class SpanCorruption(Objective):
-    name, arch = "span", "encoder_decoder"
+    name, kind, Params = "span", "sequence", SpanParams
 
     def row_length(self, seq_len: int, args: Args) -> int:
         return span_corruption_lengths(seq_len, args["noise_density"], args["mean_span_length"])[0]
 
-    def batch(
-        self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int
-    ) -> dict[str, Tensor]:
+    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
         spans = span_corrupt(rows, generator, args["noise_density"], args["mean_span_length"])
-        return {"input_ids": spans.input_ids, "labels": spans.target_ids}
+        return Pair(spans.input_ids, spans.target_ids)
 
-    def logits_and_labels(self, model: Transformer, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        labels = batch["labels"]
-        start = torch.full_like(labels[:, :1], SPECIAL.bos)
-        decoder_ids = torch.cat([start, labels[:, :-1]], dim=1)  # teacher forcing, shifted right
-        logits = model.lm_logits(model(batch["input_ids"], decoder_ids=decoder_ids)).flatten(0, 1)
-        return logits, labels.flatten()
-
-    def lengths(self, batch_size: int, seq_len: int, args: Args) -> tuple[int, int, int]:
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
         _, targets = span_corruption_lengths(seq_len, args["noise_density"], args["mean_span_length"])
-        return seq_len, targets, batch_size * targets
+        return seq_len, targets, targets
 
 
 OBJECTIVE = SpanCorruption()

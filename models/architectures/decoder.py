@@ -1,0 +1,58 @@
+"""GPT's decoder-only LM: causal self-attention over a pair's inputs and targets concatenated (seqio's
+LM feature converter), scored on the targets only; with no inputs, every next token."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from models.architectures.base import Architecture, concatenate
+from models.pair import Pair
+
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from models.transformer import Transformer
+
+
+def lm_batch(pair: Pair) -> dict[str, Tensor]:
+    """Inputs and targets in one row; each position predicts the next token, scored where that token
+    is a target. A full targets-only pair is scored everywhere: no positions needed."""
+    import torch
+
+    tokens, input_lengths, lengths = concatenate(pair)
+    batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+    if pair.inputs.shape[1] == 0 and pair.target_lengths is None:
+        return batch
+    predicted = torch.arange(1, tokens.shape[1])[None, :]  # the column of the token each position predicts
+    scored = (predicted >= input_lengths[:, None]) & (predicted < lengths[:, None])
+    positions = scored.reshape(-1).nonzero().squeeze(1)
+    return batch | {"positions": positions, "labels": batch["labels"].reshape(-1)[positions]}
+
+
+class Decoder(Architecture):
+    name, encoder, decoder = "decoder", False, True
+    fits = frozenset({"sequence", "targets_only"})
+    poolings = ("last",)  # the last real token: the only one that has seen the whole input
+    paper_objective, lm_auto_class = "clm", "AutoModelForCausalLM"
+
+    def batch(self, pair: Pair) -> dict[str, Tensor]:
+        return lm_batch(pair)
+
+    def hidden(self, model, ids, pad_mask=None, decoder_ids=None, decoder_pad_mask=None, prefix_lengths=None):
+        return model.decode(ids, pad_mask)
+
+    def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
+        return last_state(model.decode(ids, pad_mask), pad_mask)
+
+    def tokens(self, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
+        return 0, inputs + targets - 1, targets - (inputs == 0)
+
+
+def last_state(states: Tensor, pad_mask: Tensor) -> Tensor:
+    """Each row's state at its last real token (right padding)."""
+    import torch
+
+    last = pad_mask.long().sum(1) - 1
+    return states[torch.arange(len(states), device=states.device), last]

@@ -1,0 +1,52 @@
+"""BERT's encoder: bidirectional self-attention; it predicts in place, so it trains on aligned pairs
+(the masked LM), scored at the corrupted positions only."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from models.architectures.base import Architecture, padding_mask
+from models.pair import Pair
+
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from models.transformer import Transformer
+
+
+class Encoder(Architecture):
+    name, encoder, decoder = "encoder", True, False
+    fits = frozenset({"aligned"})
+    # [CLS] (position 0), or the masked mean of the states: a masked LM never shows [CLS], so its state
+    # starts untrained; the mean pools states the pretraining did train
+    poolings = ("cls", "mean")
+    paper_objective, lm_auto_class = "mlm", "AutoModelForMaskedLM"
+
+    def batch(self, pair: Pair) -> dict[str, Tensor]:
+        positions = pair.noise.reshape(-1).nonzero().squeeze(1)
+        batch = {
+            "input_ids": pair.inputs,
+            "positions": positions,
+            "labels": pair.targets.reshape(-1)[positions],
+        }
+        if pair.input_lengths is not None:
+            batch["pad_mask"] = padding_mask(pair.input_lengths, pair.inputs.shape[1])
+        return batch
+
+    def hidden(self, model, ids, pad_mask=None, decoder_ids=None, decoder_pad_mask=None, prefix_lengths=None):
+        return model.encode(ids, pad_mask)
+
+    def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
+        states = model.encode(ids, pad_mask)
+        return states[:, 0] if pooling == "cls" else masked_mean(states, pad_mask)
+
+    def tokens(self, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
+        return inputs, 0, predicted
+
+
+def masked_mean(states: Tensor, pad_mask: Tensor) -> Tensor:
+    """The mean of each row's states over its real tokens."""
+    weights = pad_mask.unsqueeze(-1).to(states.dtype)
+    return (states * weights).sum(1) / weights.sum(1).clamp(min=1)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from models.objectives.base import batch_generator
-from models.objectives.clm import causal_lm_batch
 from models.objectives.mlm import mask_tokens
 from models.objectives.span import random_spans_noise_mask, span_corrupt, span_corruption_lengths
 from models.special import SPECIAL
@@ -73,8 +72,13 @@ def test_masks_depend_on_the_seed_and_the_micro_batch_index_only() -> None:
 
 
 def test_causal_lm_targets_are_the_next_tokens() -> None:
+    from models.architectures import ARCHITECTURES
+    from models.objectives import OBJECTIVES
+
     tokens = corpus_rows(3, 17)
-    inputs, targets = causal_lm_batch(tokens)
+    pair = OBJECTIVES["clm"].pair(tokens, {}, batch_generator(0, 0), V)
+    batch = ARCHITECTURES["decoder"].batch(pair)
+    inputs, targets = batch["input_ids"], batch["labels"]
     assert inputs.shape == targets.shape == (3, 16)
     assert torch.equal(inputs[:, 1:], targets[:, :-1]) and torch.equal(targets[:, -1], tokens[:, -1])
 

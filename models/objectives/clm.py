@@ -13,11 +13,6 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
-def causal_lm_batch(tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """Inputs and next-token targets of [B, T+1] rows; documents in a row are separated by EOS."""
-    return tokens[:, :-1], tokens[:, 1:]
-
-
 class CausalLM(Objective):
     name, kind = "clm", "targets_only"
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 @dataclass
 class MaskedBatch:
     input_ids: Tensor  # [B, T] with the selected tokens replaced
+    selected: Tensor  # [B, T] bool: the selected tokens
     positions: Tensor  # [N] flat indices into B*T of the selected tokens, ascending
     labels: Tensor  # [N] the original tokens there
 
@@ -56,7 +57,7 @@ def mask_tokens(
     )
     inputs = flat.clone()
     inputs[positions] = replaced
-    return MaskedBatch(inputs.view_as(tokens), positions, labels)
+    return MaskedBatch(inputs.view_as(tokens), selected.view_as(tokens), positions, labels)
 
 
 @dataclass(frozen=True)
@@ -74,14 +75,10 @@ class MaskedLM(Objective):
     name, kind, Params = "mlm", "aligned", MLMParams
 
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        import torch
-
         masked = mask_tokens(
             rows, generator, vocab_size, args["mask_rate"], args["mask_fraction"], args["random_fraction"]
         )
-        noise = torch.zeros(rows.numel(), dtype=torch.bool)
-        noise[masked.positions] = True
-        return Pair(masked.input_ids, rows, noise=noise.view_as(rows))
+        return Pair(masked.input_ids, rows, noise=masked.selected)
 
     def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
         return seq_len, seq_len, args["mask_rate"] * seq_len  # the expected selection

@@ -167,7 +167,7 @@ class FinetuneJob:
     recipe: FinetuneTaskParams
     common: FinetuneCommonParams  # its precision resolved, its threads those the job computes with
     config: Any  # the model's ModelConfig
-    pooling: str | None
+    pooling: str
     num_labels: int
     lr_key: str  # the dotted key of the lr, for the advice when the loss diverges
 
@@ -180,7 +180,7 @@ class FinetuneJob:
             "seed": self.seed,
             "data_seed": self.data_seed,
             "recipe": self.recipe.model_dump(),
-            "common": self.common.model_dump(),
+            "common": self.common.model_dump(exclude={"pooling"}),  # its own pooling is the job's
             "pooling": self.pooling,
             "files": depends_on,
             "code": code_digest("lmpipe.finetuning"),

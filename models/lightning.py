@@ -37,7 +37,7 @@ class TrainConfig:
 
     arch: str  # the model's architecture: its feature converter makes the batches
     objective: str
-    objective_args: dict[str, float]  # params.yaml `objectives.<objective>`
+    objective_args: dict[str, Any]  # params.yaml `objectives.<objective>`
     seed: int
     seq_len: int
     batch_size: int

@@ -61,7 +61,6 @@ def main(argv: list[str] | None = None) -> None:
     target = device(params.finetune.common.accelerator)
     common = params.finetune.common
     common = common.model_copy(update={"precision": resolve_precision(common.precision, target)})
-    pooling = {"encoder": common.encoder_pooling, "encoder_decoder": common.encdec_pooling}
     config, jobs, outs = variant.config(tok["vocab_size"]), [], []
     for task_name in params.glue.tasks:
         task, recipe = TASKS[task_name], params.recipe_of(name, task_name)
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
                     recipe=recipe,
                     common=common,
                     config=config,
-                    pooling=pooling.get(variant.arch),
+                    pooling=common.pooling_of(variant.arch),
                     num_labels=1 if task.is_regression else len(task.labels or ()),
                     lr_key=params.recipe_key(name, task_name, "lr"),
                 )

@@ -29,6 +29,8 @@ def padded(lengths: list[int], width: int = 12, seed: int = 0) -> tuple[torch.Te
         ("encoder", None),
         ("encoder", "mean"),
         ("decoder", None),
+        ("prefix_lm", "last"),
+        ("prefix_lm", "mean"),
         ("encoder_decoder", "mean_encoder"),
         ("encoder_decoder", "first_decoder"),
     ],
@@ -65,3 +67,26 @@ def test_regression_shapes_never_broadcast() -> None:
     assert loss.shape == () and torch.isclose(loss, ((out - labels.float()) ** 2).mean())
     with pytest.raises(ValueError, match="pooling 'cls' does not fit arch 'decoder'"):
         head("decoder", pooling="cls")
+
+
+@pytest.mark.parametrize(
+    ("pooling", "message"),
+    [
+        ({"prefix_lm": "cls"}, "finetune.common.pooling: pooling 'cls' does not fit arch 'prefix_lm'"),
+        ({"rnn": "last"}, "finetune.common.pooling: 'rnn' is not an architecture"),
+    ],
+)
+def test_a_pooling_the_architecture_lacks_is_one_line(pooling: dict, message: str) -> None:
+    from lmpipe.params.finetune import FinetuneSections
+    from lmpipe.params.schema import parse
+    from lmpipe.runtime import StageError
+
+    def sections(pooling: dict) -> dict:
+        finetune = {"tasks": {"rte": {}}, "common": {"pooling": pooling}}
+        return {"glue": {"path": "glue", "tasks": ["rte"]}, "finetune": finetune}
+
+    with pytest.raises(StageError) as error:
+        parse(FinetuneSections, sections(pooling))
+    assert message in str(error.value) and "\n" not in str(error.value)
+    common = parse(FinetuneSections, sections({"prefix_lm": "mean"})).finetune.common
+    assert (common.pooling_of("prefix_lm"), common.pooling_of("encoder")) == ("mean", "cls")

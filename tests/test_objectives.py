@@ -7,7 +7,8 @@ import torch
 
 from models.objectives.base import batch_generator
 from models.objectives.mlm import mask_tokens
-from models.objectives.span import random_spans_noise_mask, span_corrupt, span_corruption_lengths
+from models.objectives.noise import random_spans_noise_mask
+from models.objectives.span import span_corrupt, span_corruption_lengths
 from models.special import SPECIAL
 
 V = 5000

@@ -212,7 +212,7 @@ def registries(tmp_path, monkeypatch):
 def test_a_toy_objective_and_architecture_train_from_a_module_of_their_own(registries) -> None:
     import importlib
 
-    from lmpipe.params.pretrain import PretrainParams, objectives_params
+    from lmpipe.params.pretrain import objectives_params
 
     (registries / "toy_plugin.py").write_text(textwrap.dedent(TOY))
     importlib.import_module("toy_plugin")
@@ -221,11 +221,11 @@ def test_a_toy_objective_and_architecture_train_from_a_module_of_their_own(regis
         {
             "models": {"toy": {"arch": "toy_decoder", "objective": "toy_reverse"}},
             "objectives": {"toy_reverse": {"keep": 3}},
+            "pretrain": {"seq_len": 16, "batch_size": 4},
         },
     )
     variant = params.models["toy"]
-    run = PretrainParams(seq_len=16, batch_size=4)
-    train = train_config(variant.arch, variant.objective, run, params.objectives, 1)
+    train = train_config(variant.arch, variant.objective, params.pretrain, params.objectives, 1)
     assert train.objective_args == {"keep": 3} and objectives_params().toy_reverse.keep == 4
     model = variant.config(VOCAB)
     batch = make_batch(rows(4, 16), train, batch_generator(1, 0), VOCAB)

@@ -21,7 +21,7 @@ KEYS = {"encoder": ("input_ids", "positions", "labels"), "decoder": ("input_ids"
 ARGS = {
     "mlm": {"mask_rate": 0.15, "mask_fraction": 0.8, "random_fraction": 0.1},
     "clm": {},
-    "span": {"noise_density": 0.15, "mean_span_length": 3.0},
+    "span": {"noise_density": 0.15, "mean_span_length": 3.0, "noise_mask": "random_spans"},
 }
 # sha256 of the first 3 micro-batches' tensors; the 4 step losses; the sum of |weights| after them
 PINNED = {

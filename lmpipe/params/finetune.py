@@ -10,6 +10,7 @@ from lmpipe.glue.tasks import TASKS
 from lmpipe.params.glue import GlueParams
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Seed, Strict, _problems
+from models.architectures import ARCHITECTURES
 
 
 class FinetuneTaskParams(Strict):
@@ -30,8 +31,11 @@ class FinetuneCommonParams(Strict):
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="before the head")
-    encoder_pooling: Literal["cls", "mean"] = "cls"
-    encdec_pooling: Literal["mean_encoder", "first_decoder"] = "mean_encoder"
+    pooling: dict[str, str] = Field(
+        default_factory=lambda: {name: arch.poolings[0] for name, arch in ARCHITECTURES.items()},
+        description="the head's input, by architecture (models/architectures: each lists its poolings, "
+        "the first its default)",
+    )
     eval_batch_size: int = Field(128, ge=1)
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
     precision: Literal["auto", "32-true", "bf16-mixed"] = Field(
@@ -44,6 +48,22 @@ class FinetuneCommonParams(Strict):
         description="CPU threads of each fine-tune (0 = all cores); the stage runs as many fine-tunes at "
         "once as its cores hold. The thread count changes the float bits, so it is a param",
     )
+
+
+    @field_validator("pooling")
+    @classmethod
+    def _poolings_fit(cls, pooling: dict[str, str]) -> dict[str, str]:
+        for arch, chosen in pooling.items():
+            if arch not in ARCHITECTURES:
+                raise ValueError(f"'{arch}' is not an architecture (one of: {', '.join(ARCHITECTURES)})")
+            if chosen not in ARCHITECTURES[arch].poolings:
+                allowed = " or ".join(ARCHITECTURES[arch].poolings)
+                raise ValueError(f"pooling '{chosen}' does not fit arch '{arch}' (use {allowed})")
+        return pooling
+
+    def pooling_of(self, arch: str) -> str:
+        """The pooling of an architecture's fine-tunes: set here, else its default."""
+        return self.pooling.get(arch, ARCHITECTURES[arch].poolings[0])
 
 
 class FinetuneParams(Strict):

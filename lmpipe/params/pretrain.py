@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, create_model, field_validator, mode
 
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Strict, _problems
+from models.architectures import ARCHITECTURES
 from models.objectives import OBJECTIVES
 
 
@@ -132,4 +133,16 @@ class PretrainSections(ModelsSections):
             key = self.pretrain_key(name, "seq_len")
             if max_len < seq_len:
                 raise ValueError(f"models.{name}.max_len ({max_len}) is shorter than {key} ({seq_len})")
+            objective = OBJECTIVES[variant.objective]
+            args = getattr(self.objectives, objective.name).model_dump()
+            try:
+                inputs, targets = objective.longest(seq_len, args)
+            except ValueError as exc:
+                raise ValueError(f"objectives.{objective.name} at {key} {seq_len}: {exc}") from None
+            encoder, decoder, _ = ARCHITECTURES[variant.arch].tokens(inputs, targets, 0.0)
+            if max(encoder, decoder) > max_len:
+                raise ValueError(
+                    f"models.{name}.max_len ({max_len}) is shorter than the {max(encoder, decoder)} tokens "
+                    f"a {variant.arch} reads of a row of objective {objective.name} at {key} {seq_len}"
+                )
         return self

@@ -5,7 +5,7 @@ derived from this registry (lmpipe/params/pretrain.py)."""
 
 from __future__ import annotations
 
-from models.objectives import clm, lm, mlm, span
+from models.objectives import bart, bert_style, clm, drop, lm, mlm, span
 from models.objectives.base import Objective
 
 OBJECTIVES: dict[str, Objective] = {}
@@ -18,5 +18,5 @@ def register(objective: Objective) -> Objective:
     return objective
 
 
-for _objective in (mlm.OBJECTIVE, clm.OBJECTIVE, lm.OBJECTIVE, span.OBJECTIVE):
-    register(_objective)
+for _module in (mlm, clm, lm, span, bert_style, drop, bart):
+    register(_module.OBJECTIVE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from models.pair import Pair, PairKind
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-Args = Mapping[str, float]  # params.yaml `objectives.<name>`
+Args = Mapping[str, Any]  # params.yaml `objectives.<name>`
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,12 @@ class Objective(ABC):
     def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
         """(inputs width, targets width, predicted tokens per row): exact for fixed-width pairs, the
         expectation where rows differ."""
+
+    def longest(self, seq_len: int, args: Args) -> tuple[int, int]:
+        """The widest inputs and targets a row can make, what the model's max_len must hold; a
+        ValueError when no row of `seq_len` can be made (too many spans for the sentinels)."""
+        inputs, targets, _ = self.widths(seq_len, args)
+        return inputs, targets
 
 
 def batch_generator(seed: int, index: int) -> torch.Generator:

@@ -1,0 +1,129 @@
+"""BART's noise functions (its Table 1): the encoder reads a corrupted row, the decoder rebuilds the
+whole original. Token masking: i.i.d. tokens become [MASK]; token deletion: they are removed; text
+infilling: spans of Poisson(λ) lengths (0 included: a [MASK] inserted) each become one [MASK], so the
+model also learns how many tokens are missing; document rotation: the row starts at a random token.
+Sentence permutation needs the sentence boundaries that packing does not keep yet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from models.objectives.base import Args, Objective, ObjectiveParams, Pair
+from models.objectives.noise import iid_noise_mask, noise_count, stacked, with_eos
+from models.special import SPECIAL
+
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+Noise = Literal["token_masking", "token_deletion", "text_infilling", "document_rotation"]
+
+
+def poisson_span_lengths(num_noise: int, most: int, lam: float, generator: torch.Generator) -> Tensor:
+    """Span lengths drawn from Poisson(λ) until they cover `num_noise` tokens, the last one cut to fit
+    (fairseq's span-poisson masking); a zero is an insertion. At most `most` spans: zeros go first."""
+    import torch
+
+    draws, total = [], 0
+    while total < num_noise:
+        draws.append(torch.poisson(torch.full((num_noise + 1,), lam), generator=generator).long())
+        total += int(draws[-1].sum())
+    lengths = torch.cat(draws)
+    covered = lengths.cumsum(0)
+    spans = int((covered < num_noise).sum()) + 1
+    lengths = lengths[:spans].clone()
+    lengths[-1] -= int(covered[spans - 1]) - num_noise
+    zeros = (lengths == 0).nonzero().squeeze(1)
+    extra = max(0, spans - most)
+    if extra:
+        keep = torch.ones(spans, dtype=torch.bool)
+        keep[zeros[len(zeros) - extra :]] = False
+        lengths = lengths[keep]
+    return lengths
+
+
+def text_infilling(row: Tensor, noise_density: float, lam: float, generator: torch.Generator) -> Tensor:
+    """The row with Poisson(λ) spans covering `noise_density` of it, each replaced by one [MASK], at
+    distinct places between the kept tokens (two spans never merge)."""
+    import torch
+
+    length = len(row)
+    num_noise = noise_count(length, noise_density)
+    kept = length - num_noise
+    lengths = poisson_span_lengths(num_noise, min(num_noise, kept + 1), lam, generator)
+    # slot s: before kept token s (s == kept: after the last one)
+    slots = torch.randperm(kept + 1, generator=generator)[: len(lengths)].sort().values
+    gaps = torch.diff(slots, prepend=slots.new_zeros(1))
+    pieces = torch.stack([gaps, lengths], dim=1).reshape(-1)
+    counts = torch.cat([pieces, pieces.new_tensor([kept - int(slots[-1])])])
+    is_noise = torch.repeat_interleave(torch.arange(len(counts)) % 2 == 1, counts)
+    out = torch.full((kept + len(lengths),), SPECIAL.mask, dtype=row.dtype)
+    is_mask = torch.zeros(len(out), dtype=torch.bool)
+    is_mask[slots + torch.arange(len(slots))] = True
+    out[~is_mask] = row[~is_noise]
+    return out
+
+
+def noised(row: Tensor, args: Args, generator: torch.Generator) -> Tensor:
+    import torch
+
+    noise = args["noise"]
+    if noise == "document_rotation":
+        return torch.roll(row, -int(torch.randint(len(row), (1,), generator=generator)))
+    if noise == "text_infilling":
+        return text_infilling(row, args["noise_density"], args["poisson_lambda"], generator)
+    chosen = iid_noise_mask(len(row), args["noise_density"], generator)
+    if noise == "token_deletion":
+        return row[~chosen]
+    return torch.where(chosen, SPECIAL.mask, row)
+
+
+@dataclass(frozen=True)
+class BartParams(ObjectiveParams):
+    noise: Noise = field(default="text_infilling", metadata={"description": "BART's noise function"})
+    noise_density: float = field(
+        default=0.3,
+        metadata={"gt": 0.0, "lt": 1.0, "description": "the tokens masked, deleted or infilled (BART's 0.3)"},
+    )
+    poisson_lambda: float = field(
+        default=3.0, metadata={"gt": 0.0, "description": "text_infilling: the mean span length"}
+    )
+
+    def check(self) -> None:
+        if self.noise == "text_infilling" and self.noise_density > 0.5:
+            raise ValueError(
+                "text_infilling places its spans between kept tokens: noise_density must be <= 0.5"
+            )
+
+
+class BartDenoising(Objective):
+    name, kind, Params = "bart", "sequence", BartParams
+
+    def row_length(self, seq_len: int, args: Args) -> int:
+        return seq_len - 1  # and EOS
+
+    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
+        import torch
+
+        inputs, input_lengths = stacked([with_eos(noised(row, args, generator)) for row in rows])
+        return Pair(inputs, torch.stack([with_eos(row) for row in rows]), input_lengths)
+
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+        raw = seq_len - 1
+        num_noise = noise_count(raw, args["noise_density"])
+        if args["noise"] == "token_deletion":
+            return raw - num_noise + 1, seq_len, seq_len
+        if args["noise"] == "text_infilling":  # about num_noise / λ spans, one [MASK] each
+            return round(raw - num_noise + num_noise / args["poisson_lambda"] + 1), seq_len, seq_len
+        return seq_len, seq_len, seq_len
+
+    def longest(self, seq_len: int, args: Args) -> tuple[int, int]:
+        # spans never outnumber the noise tokens they replace
+        deleted = args["noise"] == "token_deletion"
+        return (self.widths(seq_len, args)[0] if deleted else seq_len), seq_len
+
+
+OBJECTIVE = BartDenoising()

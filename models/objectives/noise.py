@@ -1,0 +1,145 @@
+"""T5's denoising building blocks (t5.data.preprocessors: `denoise` and its noise masks, inputs and
+targets encodings), pure functions of a row and a seeded generator, that the denoising objectives
+combine: which tokens are noise (i.i.d. or spans of a mean length), what the inputs make of them (one
+sentinel per span, the mask token, BERT's random replacement, nothing), what the targets hold (the
+noise after its sentinels, the noise alone, the whole original)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from models.special import SPECIAL
+
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+NoiseMask = Literal["random_spans", "iid"]
+
+
+def noise_count(length: int, noise_density: float) -> int:
+    """Noise tokens of a row: round(length · density), at least one, and one token left (T5's)."""
+    return min(max(int(round(length * noise_density)), 1), length - 1)
+
+
+def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+    """(noise tokens, noise spans) of a row, as T5's random_spans_noise_mask counts them."""
+    num_noise = noise_count(length, noise_density)
+    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
+    return num_noise, min(num_spans, num_noise, length - num_noise)
+
+
+def random_segmentation(num_items: int, num_segments: int, generator: torch.Generator) -> Tensor:
+    """Lengths of `num_segments` non-empty segments that add up to `num_items`, uniformly at random."""
+    import torch
+
+    first_in_segment = torch.zeros(num_items, dtype=torch.long)
+    cuts = torch.randperm(num_items - 1, generator=generator)[: num_segments - 1] + 1
+    first_in_segment[cuts] = 1
+    segment_id = first_in_segment.cumsum(0)
+    return torch.bincount(segment_id, minlength=num_segments)
+
+
+def random_spans_noise_mask(
+    length: int, noise_density: float, mean_noise_span_length: float, generator: torch.Generator
+) -> Tensor:
+    """T5's noise mask: alternating non-noise and noise spans, starting with non-noise."""
+    import torch
+
+    original_length = length
+    length = max(length, 2)  # as T5: at least one noise and one non-noise token
+    num_noise, num_spans = span_counts(length, noise_density, mean_noise_span_length)
+    noise_lengths = random_segmentation(num_noise, num_spans, generator)
+    nonnoise_lengths = random_segmentation(length - num_noise, num_spans, generator)
+    interleaved = torch.stack([nonnoise_lengths, noise_lengths], dim=1).reshape(-1)
+    is_noise = torch.repeat_interleave(torch.arange(2 * num_spans) % 2 == 1, interleaved)
+    return is_noise[:original_length]
+
+
+def iid_noise_mask(length: int, noise_density: float, generator: torch.Generator) -> Tensor:
+    """Each token noise independently of its neighbours (T5's iid_noise_mask), `noise_count` of them:
+    T5 draws a Bernoulli per token; a fixed count keeps every pair within widths the model is checked
+    against (`Objective.longest`) and changes no token's chance of being noise."""
+    import torch
+
+    chosen = torch.randperm(length, generator=generator)[: noise_count(length, noise_density)]
+    return torch.zeros(length, dtype=torch.bool).index_fill_(0, chosen, True)
+
+
+def noise_mask(
+    kind: NoiseMask, length: int, noise_density: float, mean_span_length: float, generator: torch.Generator
+) -> Tensor:
+    if kind == "iid":
+        return iid_noise_mask(length, noise_density, generator)
+    return random_spans_noise_mask(length, noise_density, mean_span_length, generator)
+
+
+def span_starts(noise: Tensor) -> Tensor:
+    """True where a run of noise begins."""
+    import torch
+
+    return noise & ~torch.cat([noise.new_zeros(1), noise[:-1]])
+
+
+def replace_spans(row: Tensor, spans: Tensor, first: int, numbered: bool = True) -> Tensor:
+    """Each run of True in `spans` becomes one id: `first`, `first + 1`, ... in order (sentinels), or
+    `first` for every run (`numbered` False: one shared mask token)."""
+    import torch
+
+    starts = span_starts(spans)
+    ids = first + starts.long().cumsum(0) - 1 if numbered else torch.full_like(row, first)
+    return torch.where(starts, ids, row)[~spans | starts]
+
+
+def noise_after_sentinels(row: Tensor, noise: Tensor, first: int) -> Tensor:
+    """The noise tokens alone, each span after its sentinel (`first`, `first + 1`, ... as
+    `replace_spans` numbers them in the inputs): T5's targets, which its nonnoise_span_to_unique_sentinel
+    makes of a mask that starts with kept tokens."""
+    import torch
+
+    starts = span_starts(noise)
+    sentinels = torch.where(starts, first + starts.long().cumsum(0) - 1, -1)
+    kept = torch.where(noise, row, -1)
+    flat = torch.stack([sentinels, kept], dim=1).reshape(-1)
+    return flat[flat >= 0]
+
+
+def mask_or_random(
+    row: Tensor,
+    noise: Tensor,
+    mask_fraction: float,
+    random_fraction: float,
+    vocab_size: int,
+    generator: torch.Generator,
+) -> Tensor:
+    """Each noise token becomes the mask token (`mask_fraction`), a random non-special token
+    (`random_fraction`) or stays itself (the rest): BERT's 80/10/10 (T5's
+    noise_token_to_random_token_or_sentinel is 90/10, MASS-style 100/0)."""
+    import torch
+
+    choice = torch.rand(row.shape, generator=generator)
+    random_ids = torch.randint(SPECIAL.n_special, vocab_size, row.shape, generator=generator)
+    replaced = torch.where(
+        choice < mask_fraction,
+        torch.full_like(row, SPECIAL.mask),
+        torch.where(choice < mask_fraction + random_fraction, random_ids, row),
+    )
+    return torch.where(noise, replaced, row)
+
+
+def with_eos(row: Tensor) -> Tensor:
+    import torch
+
+    return torch.cat([row, row.new_full((1,), SPECIAL.eos)])
+
+
+def stacked(rows: list[Tensor]) -> tuple[Tensor, Tensor | None]:
+    """Rows of tokens as one right-padded tensor, and their lengths (None when all are as long)."""
+    import torch
+
+    lengths = torch.tensor([len(row) for row in rows])
+    if bool((lengths == lengths[0]).all()):
+        return torch.stack(rows), None
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=SPECIAL.pad), lengths

@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -36,14 +37,9 @@ from models.architectures import ARCHITECTURES  # noqa: E402
 from models.config import PRESETS, ModelConfig  # noqa: E402
 from models.flops import count_step_flops, peak_flops  # noqa: E402
 from models.lightning import PretrainModule, TrainConfig, make_batch  # noqa: E402
-from models.objectives.base import batch_generator
+from models.objectives import OBJECTIVES  # noqa: E402
+from models.objectives.base import batch_generator  # noqa: E402
 
-# the recipes' objective settings (BERT's 15 % with 80/10/10, T5's 15 % in spans of 3), as params.yaml
-OBJECTIVE_ARGS = {
-    "mlm": {"mask_rate": 0.15, "mask_fraction": 0.8, "random_fraction": 0.1},
-    "clm": {},
-    "span": {"noise_density": 0.15, "mean_span_length": 3.0},
-}
 PAPER_PRESET = {"encoder": "bert-base", "decoder": "gpt1", "encoder_decoder": "t5-base"}
 REFERENCE_NAMES = {
     "encoder": "BertForMaskedLM",
@@ -61,7 +57,8 @@ def configs(arch: str, preset: str, seq_len: int, batch_size: int) -> tuple[Mode
     train = TrainConfig(
         arch=arch,
         objective=objective,
-        objective_args=OBJECTIVE_ARGS[objective],
+        # the recipe's settings (BERT's 15 % with 80/10/10, T5's 15 % in spans of 3), as params.yaml
+        objective_args=asdict(OBJECTIVES[objective].Params()),
         seed=0,
         seq_len=seq_len,
         batch_size=batch_size,

@@ -16,7 +16,7 @@ import itertools
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,31 +51,105 @@ from lmpipe.params.project import Params
 from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.runtime import StageError
 
-MLM = "objectives.mlm"
+MLM, SPAN, BERT_STYLE = "objectives.mlm", "objectives.span", "objectives.bert_style"
+T5_MODEL = "encdec_span"  # the model (of params.yaml or the profile) that T5's and BART's rows are made from
+
+Grid = dict[str, list[Any]] | list[dict[str, Any]]
+
+
+def t5_architectures(params: Mapping[str, Any]) -> Grid:
+    """T5's Table 2: five architectures × two objectives (i.i.d. denoising, as T5 drew it, and the
+    prefix LM objective), each row made from `T5_MODEL` at the profile's size: the same stack depth
+    everywhere, half of it in each of the half-depth encoder-decoder's two stacks; a decoder-only model
+    reads a row's inputs and targets as one sequence, so its `max_len` holds both."""
+    from lmpipe.params.models import ModelParams
+    from lmpipe.params.pretrain import PretrainParams, longest_read, objectives_params
+
+    models = params.get(MODELS_KEY) or {}
+    if T5_MODEL not in models:
+        raise PipelineError(f"preset t5_architectures: its rows are made from models.{T5_MODEL}, not found")
+    base = ModelParams.model_validate(models[T5_MODEL])
+    fields = base.config_fields()
+    half = max(1, fields["n_layers"] // 2)
+    seq_len = PretrainParams.model_validate({**(params.get("pretrain") or {}), **base.pretrain}).seq_len
+    sections = dict(params.get("objectives") or {})
+    sections["span"] = {**sections.get("span", {}), "noise_mask": "iid"}  # the points' denoising
+    arguments = objectives_params(sections).model_dump()
+    stacks = {
+        "encdec": {},
+        "encdec_shared": {"share_encoder_decoder": True},
+        "encdec_half": {"n_layers": half, "n_decoder_layers": half},
+        "decoder": {"arch": "decoder"},
+        "prefix_lm": {"arch": "prefix_lm"},
+    }
+    points = []
+    for objective, row in (("span", "denoise"), ("lm", "lm")):
+        for stack, changes in stacks.items():
+            spec = {"from": T5_MODEL, "objective": objective, **changes}
+            if "arch" in changes:
+                reads = longest_read(changes["arch"], objective, seq_len, arguments[objective])
+                spec["max_len"] = max(fields["max_len"], reads)
+            points.append({MODELS_KEY: {f"{stack}_{row}": spec}, f"{SPAN}.noise_mask": "iid"})
+    return points
+
+
+def from_t5_model(name: str, objective: str) -> dict[str, Any]:
+    return {MODELS_KEY: {name: {"from": T5_MODEL, "objective": objective}}}
+
 
 # Named after the seeds' tables (../shared/seeds): BERT Table 5 (10-25 %, and 40 %, where Wettig et al.
-# 2023 found larger models better off) and its 80/10/10 ablation, T5's architecture comparison and its
-# corruption-rate table.
-PRESETS: dict[str, dict[str, list[Any]] | list[dict[str, Any]]] = {
+# 2023 found larger models better off) and its 80/10/10 ablation; the BERT, GPT and T5 systems side by
+# side; T5's architectures × objectives, its objectives, corruption rates and span lengths; BART's noise.
+# A preset is a grid, or a function of the params a point starts from (the profile's sizes); a point
+# that leaves a swept key out keeps the params' value there.
+PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
     "masking_rate": {MODELS_KEY: ["encoder_mlm"], f"{MLM}.mask_rate": [0.10, 0.15, 0.20, 0.25, 0.40]},
     "mask_split": [  # 100 % [MASK] vs BERT's 80/10/10
         {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_fraction": 1.0, f"{MLM}.random_fraction": 0.0},
         {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_fraction": 0.8, f"{MLM}.random_fraction": 0.1},
     ],
-    "architecture": {MODELS_KEY: ["encoder_mlm", "decoder_clm", "encdec_span"]},
-    "span_density": {MODELS_KEY: ["encdec_span"], "objectives.span.noise_density": [0.10, 0.15, 0.25, 0.50]},
+    "systems": {MODELS_KEY: ["encoder_mlm", "decoder_clm", "encdec_span"]},  # BERT, GPT and T5 as built
+    "t5_architectures": t5_architectures,
+    "t5_objectives": [
+        from_t5_model("bert_style", "bert_style"),
+        # T5's MASS-style: BERT-style without the random tokens
+        {
+            **from_t5_model("mass_style", "bert_style"),
+            f"{BERT_STYLE}.mask_fraction": 1.0,
+            f"{BERT_STYLE}.random_fraction": 0.0,
+        },
+        {**from_t5_model("replace_spans", "span"), f"{SPAN}.noise_mask": "iid"},
+        from_t5_model("drop", "drop"),
+    ],
+    "span_density": {MODELS_KEY: [T5_MODEL], f"{SPAN}.noise_density": [0.10, 0.15, 0.25, 0.50]},
+    "span_length": [
+        {MODELS_KEY: T5_MODEL, f"{SPAN}.noise_mask": "iid"},
+        *(
+            {MODELS_KEY: T5_MODEL, f"{SPAN}.noise_mask": "random_spans", f"{SPAN}.mean_span_length": length}
+            for length in (2, 3, 5, 10)
+        ),
+    ],
+    "bart_noise": [
+        {**from_t5_model("bart", "bart"), "objectives.bart.noise": noise}
+        for noise in ("token_masking", "token_deletion", "text_infilling", "document_rotation")
+    ],
 }
-# the point every other point of a preset is compared with (BERT's 15 % and 80/10/10, T5's 15 % and
-# encoder-decoder)
+# the point every other point of a preset is compared with: the paper's ★ (BERT's 15 % and 80/10/10;
+# T5's encoder-decoder with denoising, 15 %, i.i.d. spans replaced), or its chosen row (BART's infilling)
 BASELINES: dict[str, dict[str, Any]] = {
     "masking_rate": {f"{MLM}.mask_rate": 0.15},
     "mask_split": {f"{MLM}.mask_fraction": 0.8},
-    "architecture": {MODELS_KEY: "encdec_span"},  # T5's ★: the encoder-decoder with denoising
-    "span_density": {"objectives.span.noise_density": 0.15},
+    "systems": {MODELS_KEY: T5_MODEL},
+    "t5_architectures": {MODELS_KEY: "encdec_denoise"},
+    "t5_objectives": {MODELS_KEY: "replace_spans"},
+    "span_density": {f"{SPAN}.noise_density": 0.15},
+    "span_length": {f"{SPAN}.noise_mask": "iid"},
+    "bart_noise": {"objectives.bart.noise": "text_infilling"},
 }
-# the seeds' tables: what the paper measured for a point against its baseline row, in GLUE average
-# points (BERT's Table 5 masking rates and its 100 % [MASK] ablation; T5's architectures and corruption
-# rates)
+T5_TABLE_2 = "T5, Table 2"
+# the papers' tables: what the paper measured for a point against its baseline row, in GLUE average
+# points (MNLI accuracy for BART, whose table has no GLUE average): the seeds' (BERT's Table 5 and
+# 100 % [MASK]; T5's Tables 2 and 4 and corruption rates), and two the seeds leave out, said so
 PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
     "masking_rate": [
         ({f"{MLM}.mask_rate": 0.10}, 79.3 - 80.5, "BERT, Table 5"),
@@ -83,16 +157,50 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
         ({f"{MLM}.mask_rate": 0.25}, 79.6 - 80.5, "BERT, Table 5"),
     ],
     "mask_split": [({f"{MLM}.mask_fraction": 1.0}, 78.9 - 80.5, "BERT, 100 % [MASK]")],
-    "architecture": [({MODELS_KEY: "decoder_clm"}, 73.78 - 83.28, "T5, Table 2 (decoder-only LM)")],
+    "systems": [({MODELS_KEY: "decoder_clm"}, 73.78 - 83.28, f"{T5_TABLE_2} (decoder-only LM)")],
+    "t5_architectures": [
+        ({MODELS_KEY: name}, glue - 83.28, f"{T5_TABLE_2} ({row})")
+        for name, glue, row in (
+            ("encdec_shared_denoise", 82.81, "enc-dec shared, denoising"),
+            ("encdec_half_denoise", 80.88, "enc-dec 6 layers, denoising"),
+            ("decoder_denoise", 74.70, "language model, denoising"),
+            ("prefix_lm_denoise", 81.82, "prefix LM, denoising"),
+            ("encdec_lm", 79.56, "encoder-decoder, LM"),
+            ("encdec_shared_lm", 79.60, "enc-dec shared, LM"),
+            ("encdec_half_lm", 78.67, "enc-dec 6 layers, LM"),
+            ("decoder_lm", 73.78, "language model, LM"),
+            ("prefix_lm_lm", 79.68, "prefix LM, LM"),
+        )
+    ],
+    "t5_objectives": [
+        ({MODELS_KEY: "bert_style"}, 82.96 - 83.28, "T5, Table 4 (BERT-style)"),
+        ({MODELS_KEY: "mass_style"}, 82.32 - 83.28, "T5, Table 4 (MASS-style)"),
+        ({MODELS_KEY: "drop"}, 84.44 - 83.28, "T5, Table 4 (drop corrupted tokens)"),
+    ],
     "span_density": [
-        ({"objectives.span.noise_density": 0.10}, 82.82 - 83.28, "T5, corruption rate"),
-        ({"objectives.span.noise_density": 0.25}, 83.00 - 83.28, "T5, corruption rate"),
-        ({"objectives.span.noise_density": 0.50}, 81.27 - 83.28, "T5, corruption rate"),
+        ({f"{SPAN}.noise_density": 0.10}, 82.82 - 83.28, "T5, corruption rate"),
+        ({f"{SPAN}.noise_density": 0.25}, 83.00 - 83.28, "T5, corruption rate"),
+        ({f"{SPAN}.noise_density": 0.50}, 81.27 - 83.28, "T5, corruption rate"),
+    ],
+    "span_length": [
+        ({f"{SPAN}.mean_span_length": length}, glue - 83.28, "T5, Table 6 (the paper's; not in the seeds)")
+        for length, glue in ((2, 83.54), (3, 83.49), (5, 83.40), (10, 82.85))
+    ],
+    "bart_noise": [
+        ({"objectives.bart.noise": noise}, mnli - 84.0, "BART, Table 1, MNLI (the paper's; not in the seeds)")
+        for noise, mnli in (("token_masking", 84.1), ("token_deletion", 84.1), ("document_rotation", 75.3))
     ],
 }
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
-# spends on its step budget (T5 compares objectives and architectures that way)
-EQUAL_FLOPS = {"architecture"}
+# spends on its step budget, times its cost in COSTS (T5's Table 2: the half-depth encoder-decoder at
+# M/2). T5's objective tables and BART's train every row for the same steps, as the papers did.
+EQUAL_FLOPS = {"systems", "t5_architectures"}
+COSTS: dict[str, dict[str, float]] = {"t5_architectures": {"encdec_half_denoise": 0.5, "encdec_half_lm": 0.5}}
+
+
+def cost(preset: str | None, point: Mapping[str, Any]) -> float:
+    """A point's share of the equal-FLOPs budget (by the models it trains)."""
+    return COSTS.get(preset or "", {}).get(text(point.get(MODELS_KEY, "")), 1.0)
 
 
 def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -131,7 +239,9 @@ def equal_flops_budget(points: Sequence[Params], base: int) -> tuple[float, str]
 
 
 def label(point: Mapping[str, Any], swept: Sequence[str]) -> str:
-    return ", ".join(f"{key.split('.')[-1]}={text(point[key])}" for key in swept) or "baseline"
+    """The swept values the point sets (one it leaves out keeps the params' value)."""
+    shown = [f"{key.split('.')[-1]}={text(point[key])}" for key in swept if key in point]
+    return ", ".join(shown) or "baseline"
 
 
 def baseline_index(
@@ -150,8 +260,13 @@ def baseline_index(
 
 
 def has_values(point: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """Whether a point (or a comparison row) holds each of `wanted`'s values."""
-    return all(json.dumps(point.get(key)) == json.dumps(value) for key, value in wanted.items())
+    """Whether a point (or a comparison row) holds each of `wanted`'s values; `models` by the names of
+    the models it trains."""
+
+    def shown(key: str, value: Any) -> str:
+        return text(value) if key == MODELS_KEY and value is not None else json.dumps(value)
+
+    return all(shown(key, point.get(key)) == shown(key, value) for key, value in wanted.items())
 
 
 def same_examples(idx: Mapping[str, Any], other: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
@@ -184,7 +299,11 @@ def comparison(
         for model, scores in results[point.index]["glue"].items():
             row: dict[str, Any] = {"experiment": point.experiment, "point": label(point.values, swept)}
             row.update(
-                {key: text(point.values[key]) if key == MODELS_KEY else point.values[key] for key in swept}
+                {
+                    key: text(point.values[key]) if key == MODELS_KEY else point.values.get(key)
+                    for key in swept
+                    if key in point.values or key != MODELS_KEY
+                }
             )
             row["model"] = model
             tasks = [k for k in scores["pretrained"] if k != "average"]
@@ -293,6 +412,11 @@ def _interval(row: Mapping[str, Any], prefix: str) -> str:
     return f"{text} {verdict}" + ("" if pd.isna(detectable) else f" (detects ±{detectable:.2f})")
 
 
+def cell(value: Any) -> str:
+    """A swept value in the table: blank where the point kept the params' value."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
 def task_columns(table: pd.DataFrame) -> list[str]:
     return [c[: -len("_vs_baseline_verdict")] for c in table.columns if c.endswith("_vs_baseline_verdict")]
 
@@ -368,7 +492,7 @@ def markdown(
     columns += ["Δ vs baseline", "parameters", "pretrain steps", "pretrain FLOPs", "final train loss"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in table.to_dict("records"):
-        cells = [row["experiment"], *(str(row[k]) for k in swept), row["model"]]
+        cells = [row["experiment"], *(cell(row.get(k)) for k in swept), row["model"]]
         cells += [f"{row['glue_average']:.2f} ± {row['glue_average_std']:.2f}"]
         cells += [f"{row[t]:.2f} ± {row[f'{t}_std']:.2f}" for t in tasks]
         cells += [f"{row['scratch_average']:.2f} ± {row['scratch_average_std']:.2f}"]
@@ -464,9 +588,6 @@ def plot_losses(
     return png(fig, plt)
 
 
-Grid = dict[str, list[Any]] | list[dict[str, Any]]
-
-
 @flow(name="ablation", log_prints=True)
 def ablation(
     preset: Annotated[str | None, Option(f"a named sweep: {', '.join(PRESETS)}", positional=True)] = None,
@@ -504,9 +625,9 @@ def ablation(
     comparison of the others is written.
     """
     logger = get_run_logger()
-    points_spec = resolve_grid(preset, grid)
     at_once = points_at_once(max_parallel, pool)
     sweep = Sweep("ablation", repo, name, at_once, profile, corpus, glue, prefix=preset or "sweep")
+    points_spec = resolve_grid(preset, grid, sweep.params)
     values = expand(points_spec)
     overrides = [sweep.overrides(point) for point in values]
     validated = [sweep.validate(point) for point in overrides]  # every point, up front
@@ -516,7 +637,10 @@ def ablation(
     compute = None
     if preset in EQUAL_FLOPS:
         budget, compute = equal_flops_budget(validated, base)
-        overrides = [[*point, f"pretrain.max_flops={budget!r}"] for point in overrides]
+        overrides = [
+            [*point_overrides_, f"pretrain.max_flops={budget * cost(preset, point)!r}"]
+            for point, point_overrides_ in zip(values, overrides, strict=True)
+        ]
 
     planned = [
         (point, point_overrides_, {f"param.{key}": text(value) for key, value in point.items()})
@@ -573,13 +697,19 @@ def ablation(
 
 
 def resolve_grid(
-    preset: str | None, grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None
+    preset: str | None,
+    grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None,
+    params: Mapping[str, Any],
 ) -> Any:
+    """The grid given, or the preset's on the params its points start from."""
     if (preset is None) == (grid is None):
         raise PipelineError(f"give either a preset ({', '.join(PRESETS)}) or a grid, not both or neither")
-    if preset is not None and preset not in PRESETS:
+    if preset is None:
+        return grid
+    if preset not in PRESETS:
         raise PipelineError(f"preset '{preset}' is unknown (presets: {', '.join(PRESETS)})")
-    return PRESETS[preset] if preset is not None else grid
+    found = PRESETS[preset]
+    return found(params) if callable(found) else found
 
 
 def check(arguments: dict[str, Any]) -> None:
@@ -591,7 +721,7 @@ def check(arguments: dict[str, Any]) -> None:
         origin = f"profile {arguments['profile']}"
         on_profile = profiles.overrides(arguments["profile"], arguments["corpus"], arguments["glue"])
         params = profiles.applied(repo_dir, on_profile, origin)
-    values = expand(resolve_grid(arguments["preset"], arguments["grid"]))
+    values = expand(resolve_grid(arguments["preset"], arguments["grid"], params))
     for point in values:
         point_overrides(point, params, params_file, origin)
     baseline = arguments["baseline"]

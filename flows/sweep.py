@@ -154,36 +154,71 @@ def model_of(key: str) -> str | None:
     return None
 
 
+def defined_models(
+    chosen: Mapping[str, Any], params: Mapping[str, Any], params_file: Path
+) -> dict[str, dict[str, Any]]:
+    """A point's own models, `{name: {"from": <a model of params>, <key>: <value>, ...}}`: each the
+    named model's fields with the given ones changed (T5's table: one model, its architecture and
+    objective varied, at the profile's size)."""
+    known = params.get(MODELS_KEY) or {}
+    models = {}
+    for name, spec in chosen.items():
+        base = spec.get("from") if isinstance(spec, Mapping) else None
+        if base not in known:
+            raise PipelineError(
+                f"grid key 'models.{name}': give {{\"from\": <a model of {params_file.name}>, <key>: "
+                f"<value>, ...}}; the models are {list(known)}"
+            )
+        models[name] = {**known[base], **{key: value for key, value in spec.items() if key != "from"}}
+    return models
+
+
 def point_overrides(
     point: Mapping[str, Any], params: Mapping[str, Any], params_file: Path, origin: str | None = None
 ) -> list[str]:
-    """A point as DVC's -S overrides; `models` keeps only the named variants (the rest are deleted).
-    `params`: what the point starts from (params.yaml, a profile applied: `origin` names it)."""
+    """A point as DVC's -S overrides; `models` keeps only the named variants (the rest are deleted),
+    or defines the point's own (`defined_models`: each with the fine-tuning values of the model it is
+    made from). `params`: what the point starts from (params.yaml, a profile applied: `origin` names it)."""
     known = list(params.get(MODELS_KEY) or {})
     chosen = point.get(MODELS_KEY, known)
-    keep = [chosen] if isinstance(chosen, str) else list(chosen)
+    defined = defined_models(chosen, params, params_file) if isinstance(chosen, Mapping) else {}
+    keep = list(defined) if defined else [chosen] if isinstance(chosen, str) else list(chosen)
+    own_recipes = (params.get("finetune") or {}).get("models") or {}
     overrides = []
     for key, value in point.items():
         if key == MODELS_KEY:
-            unknown = [name for name in keep if name not in known]
+            unknown = [name for name in keep if name not in known and name not in defined]
             if unknown:
                 raise PipelineError(
                     f"grid key 'models': {params_file} has no model {unknown[0]!r} (has {known})"
                 )
             dropped = [name for name in known if name not in keep]
             # a dropped model's own fine-tuning values go with it (finetune.models names only models)
-            own_recipes = (params.get("finetune") or {}).get("models") or {}
             overrides += [f"~models.{name}" for name in dropped]
             overrides += [f"~finetune.models.{name}" for name in dropped if name in own_recipes]
+            for name, fields in defined.items():
+                overrides += putting(f"models.{name}", fields, name in known)
+                recipe = own_recipes.get(chosen[name]["from"])
+                if recipe:
+                    overrides += putting(f"finetune.models.{name}", recipe, name in own_recipes)
+                elif name in own_recipes:
+                    overrides.append(f"~finetune.models.{name}")
         else:
             owner = model_of(key)
             if owner in known and owner not in keep:  # its values go with the deleted model
                 raise PipelineError(f"grid key '{key}': the point does not train {owner} (models: {keep})")
             overrides += setting(key, value, params)
-    check_not_shadowed(point, keep, params, origin or str(params_file))
+    trained = {**params, MODELS_KEY: {**(params.get(MODELS_KEY) or {}), **defined}}
+    check_not_shadowed(point, keep, trained, origin or str(params_file))
     overrides = [*pool_overrides(overrides), *overrides]
     check_overrides(params_file.parent, overrides, params, origin)
     return overrides
+
+
+def putting(key: str, value: Any, present: bool) -> list[str]:
+    """`key: value` as -S overrides, replacing what is at `key` if `present` (DVC deletes only a key
+    that is there)."""
+    return replacing(key, value) if present else [f"++{key}={hydra_value(value)}"]
 
 
 def setting(key: str, value: Any, params: Mapping[str, Any]) -> list[str]:
@@ -220,8 +255,9 @@ def check_not_shadowed(
 
 
 def text(value: Any) -> str:
-    """A point's value as its MLflow param, tag and table cell show it."""
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    """A point's value as its MLflow param, tag and table cell show it (a point's own models: their
+    names)."""
+    return ",".join(map(str, value)) if isinstance(value, list | Mapping) else str(value)
 
 
 @dataclass(frozen=True)

@@ -185,14 +185,15 @@ def test_each_variant_trains_and_its_flops_are_counted(arch: str, objective: str
         (
             {"arch": "decoder", "objective": "bart"},
             {},
-            "models.m.max_len (128) is shorter than the 255 tokens a decoder reads of a row of objective "
-            "bart at pretrain.seq_len 128",
+            "models.m.max_len (128) is shorter than the 255 tokens arch 'decoder' reads of a row of "
+            "objective 'bart' at pretrain.seq_len 128",
         ),
         ({"arch": "prefix_lm", "objective": "bart", "max_len": 256}, {}, None),
         (
-            {"arch": "encoder_decoder", "objective": "span", "max_len": 512},
+            {"arch": "encoder_decoder", "objective": "span", "max_len": 256},
             {"span": {"noise_mask": "iid", "noise_density": 0.5}},
-            "objectives.span at pretrain.seq_len 512: up to 256 noise spans a row: more than the 100",
+            "models.m.max_len (256) is shorter than the 257 tokens arch 'encoder_decoder' reads of a "
+            "row of objective 'span' at pretrain.seq_len 256",
         ),
         (
             {"arch": "encoder_decoder", "objective": "bart"},
@@ -202,7 +203,7 @@ def test_each_variant_trains_and_its_flops_are_counted(arch: str, objective: str
     ],
 )
 def test_a_pair_wider_than_the_model_is_one_line(model: dict, objectives: dict, message: str | None) -> None:
-    seq_len = 512 if objectives.get("span") else 128
+    seq_len = 256 if objectives.get("span") else 128
     raw = {"models": {"m": model}, "objectives": objectives, "pretrain": {"seq_len": seq_len}}
     if message is None:
         parse(PretrainSections, raw)

@@ -24,7 +24,7 @@ import yaml
 from prefect.testing.utilities import prefect_test_harness
 
 from flows import EPHEMERAL_TIMEOUT_ENV
-from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand
+from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand, resolve_grid
 from flows.common import PipelineError, error_line
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
@@ -154,8 +154,12 @@ def test_a_point_may_set_a_key_that_only_its_profile_has(tmp_path: Path) -> None
     )
 
 
+def preset_points(name: str, params: dict = DEFAULT_PARAMS) -> list[dict]:
+    return expand(resolve_grid(name, None, params))
+
+
 def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
-    points = {name: expand(grid) for name, grid in PRESETS.items()}
+    points = {name: preset_points(name) for name in PRESETS}
     assert [p["objectives.mlm.mask_rate"] for p in points["masking_rate"]] == [0.10, 0.15, 0.20, 0.25, 0.40]
     assert [p["objectives.span.noise_density"] for p in points["span_density"]] == [0.10, 0.15, 0.25, 0.50]
     assert len(points["mask_split"]) == 2
@@ -172,7 +176,7 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
         "objectives.mlm.mask_fraction=1.0",
         "objectives.mlm.random_fraction=0.0",
     ]
-    assert overrides["architecture"] == [
+    assert overrides["systems"] == [
         ["~models.decoder_clm", "~models.encdec_span"],
         ["~models.encoder_mlm", "~models.encdec_span"],
         ["~models.encoder_mlm", "~models.decoder_clm"],
@@ -183,7 +187,13 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     baselines = {name: grid[baseline_index(grid, None, name)] for name, grid in points.items()}
     assert baselines["masking_rate"]["objectives.mlm.mask_rate"] == 0.15
     assert baselines["mask_split"]["objectives.mlm.random_fraction"] == 0.1
-    assert baselines["architecture"] == {"models": "encdec_span"}
+    assert baselines["systems"] == {"models": "encdec_span"}
+    assert baselines["t5_architectures"]["models"] == {
+        "encdec_denoise": {"from": "encdec_span", "objective": "span"}
+    }
+    assert baselines["t5_objectives"]["objectives.span.noise_mask"] == "iid"
+    assert baselines["span_length"] == {"models": "encdec_span", "objectives.span.noise_mask": "iid"}
+    assert baselines["bart_noise"]["objectives.bart.noise"] == "text_infilling"
     assert baselines["span_density"]["objectives.span.noise_density"] == 0.15
     assert baseline_index(points["masking_rate"], {"objectives.mlm.mask_rate": 0.25}, None) == 3
     with pytest.raises(PipelineError, match=r'baseline \{"objectives.mlm.mask_rate": 0.3\}: no point'):
@@ -208,7 +218,10 @@ def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
     for name in profiles.available():
         on_profile = profiles.overrides(name, str(tmp_path), str(tmp_path))
         params = profiles.applied(ROOT, on_profile, name)
-        for preset, grid in [*PRESETS.items(), ("scaling", ladder_points(LADDER))]:
+        for preset, grid in [
+            *((p, resolve_grid(p, None, params)) for p in PRESETS),
+            ("scaling", ladder_points(LADDER)),
+        ]:
             for point in expand(grid):
                 given = [*on_profile, *point_overrides(point, params, ROOT / "params.yaml")]
                 profiles.validate(ROOT, given, f"{name}/{preset}")
@@ -399,14 +412,14 @@ def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp
     assert worker.poll() is not None and server.poll() is not None
 
 
-def test_architecture_preset_trains_every_point_on_the_baselines_flops() -> None:
+def test_systems_preset_trains_every_point_on_the_baselines_flops() -> None:
     from flows.profile import validate
     from lmpipe.pretraining import planned_train_flops
 
-    points = expand(PRESETS["architecture"])
+    points = preset_points("systems")
     overrides = [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in points]
     validated = [validate(ROOT, point, "params.yaml") for point in overrides]
-    base = baseline_index(points, None, "architecture")
+    base = baseline_index(points, None, "systems")
     budget, words = equal_flops_budget(validated, base)
     vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
     assert points[base] == {"models": "encdec_span"}  # T5's ★
@@ -431,16 +444,84 @@ def test_architecture_preset_trains_every_point_on_the_baselines_flops() -> None
         equal_flops_budget(short, 0)
 
 
+def test_t5_table_rows_have_the_tables_parameters_and_costs() -> None:
+    """T5's Table 2 at the profile's size, counted by the project's own code: the encoder-decoder 2P
+    at cost M, shared P at M, half depth P at M/2, the decoder-only and prefix LMs P at M; equal FLOPs
+    but the half-depth rows, which get half (the cost the table gives them)."""
+    import torch
+
+    from flows.ablation import cost
+    from flows.profile import validate
+    from lmpipe.pretraining import planned_train_flops
+    from models.transformer import Transformer
+
+    def stacks(config) -> int:  # the parameters of the stacks, not the embeddings T5's P leaves out
+        with torch.device("meta"):
+            model = Transformer(config)
+        return sum(
+            p.numel() for name, p in model.named_parameters() if name.startswith(("encoder", "decoder"))
+        )
+
+    points = preset_points("t5_architectures")
+    assert len(points) == 10 and points[baseline_index(points, None, "t5_architectures")] == points[0]
+    vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
+    size, step = {}, {}
+    validated = []
+    for point in points:
+        params = validate(ROOT, point_overrides(point, DEFAULT_PARAMS, ROOT / "params.yaml"), "params.yaml")
+        validated.append(params)
+        (name,) = params.models
+        size[name] = stacks(params.models[name].config(vocab))
+        step[name] = planned_train_flops(params, name, vocab) / params.pretrain_of(name).max_steps
+    for objective in ("denoise", "lm"):
+        p, m = size[f"decoder_{objective}"], step[f"encdec_{objective}"]
+        assert size[f"prefix_lm_{objective}"] == p
+        # 2P: two stacks, and the decoder's cross-attention on top
+        assert 2 * p < size[f"encdec_{objective}"] < 2.5 * p
+        for one_stack in ("encdec_shared", "encdec_half"):
+            assert p < size[f"{one_stack}_{objective}"] < 1.4 * p, one_stack
+        assert step[f"encdec_shared_{objective}"] == m
+        assert 0.45 * m < step[f"encdec_half_{objective}"] < 0.6 * m  # the LM head is not halved
+        for decoder in ("decoder", "prefix_lm"):  # inputs and targets through one stack: about M
+            assert 0.85 * m < step[f"{decoder}_{objective}"] <= m, decoder
+    budget, _ = equal_flops_budget(validated, 0)
+    assert budget == planned_train_flops(validated[0], "encdec_denoise", vocab)
+    assert [cost("t5_architectures", point) for point in points] == [1, 1, 0.5, 1, 1] * 2
+
+
+def test_a_point_may_define_its_own_models_from_those_of_its_params(tmp_path: Path) -> None:
+    """`models: {name: {"from": <model>, ...}}`: the point trains these alone, each the named model's
+    fields (its size on the profile) with the given ones changed, with that model's fine-tuning values."""
+    from flows import profile as profiles
+    from flows.common import apply_overrides
+
+    (tmp_path / "SST-2").mkdir()
+    params = profiles.applied(ROOT, profiles.overrides("real-cpu", str(tmp_path), str(tmp_path)), "real-cpu")
+    point = {"models": {"prefix_span": {"from": "encdec_span", "arch": "prefix_lm", "max_len": 256}}}
+    overrides = point_overrides(point, params, ROOT / "params.yaml")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    apply_overrides(tmp_path, overrides)
+    applied = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    own = {**params["models"]["encdec_span"], "arch": "prefix_lm", "max_len": 256}
+    assert applied["models"] == {"prefix_span": own}
+    assert own["preset"] == "small" and own["pretrain"] == {"max_steps": 3300}  # the profile's
+    assert applied["finetune"]["models"] == {"prefix_span": {"lr": 3.0e-4}}
+    refused = {"models": {"t5": {"arch": "prefix_lm"}}}
+    with pytest.raises(
+        PipelineError, match=r"^grid key 'models.t5': give \{\"from\": <a model of params.yaml>"
+    ):
+        point_overrides(refused, params, ROOT / "params.yaml")
+
+
 def test_within_noise_points_are_read_against_the_papers_effect_size() -> None:
-    from flows.ablation import PAPER_EFFECTS, power_lines
+    from flows.ablation import PAPER_EFFECTS, has_values, power_lines
 
     for preset, effects in PAPER_EFFECTS.items():  # each names a point of its preset, not its baseline
-        points = expand(PRESETS[preset])
+        points = preset_points(preset)
         baseline = points[baseline_index(points, None, preset)]
         for values, _, _ in effects:
-            assert (
-                any(values.items() <= point.items() for point in points)
-                and not values.items() <= baseline.items()
+            assert sum(has_values(point, values) for point in points) == 1 and not has_values(
+                baseline, values
             )
     rate = "objectives.mlm.mask_rate"
     table = pd.DataFrame(
@@ -478,7 +559,7 @@ def test_within_noise_points_are_read_against_the_papers_effect_size() -> None:
             "glue_average_std": [0.5, 1.0, 0.7],
         }
     )
-    assert power_lines(architecture, "architecture", 3) == [
+    assert power_lines(architecture, "systems", 3) == [
         "- `a2`: T5, Table 2 (decoder-only LM) measured -9.5; this comparison detects ±3.68 (±3.10 from the "
         "dev examples, and the seeds' std: 1.00 here, 0.70 at the baseline, over 3 seeds), so an effect of "
         "the paper's size would have shown 80 % of the time."
@@ -627,6 +708,40 @@ def test_a_sweep_of_two_keys(swept_template: Path) -> None:
         assert evaluated == pytest.approx(row["glue_average"])  # the table is what the stage logged
         scratch = by_stage["evaluate"].data.metrics["encoder_mlm.scratch.average"]
         assert scratch == pytest.approx(row["scratch_average"])
+
+
+# T5's table at CI size: a pair the registries made possible, a model the point defines from the
+# project's encoder (its size, its recipe), through the whole graph
+PREFIX_BART = {
+    "prefix_bart": {"from": "encoder_mlm", "arch": "prefix_lm", "objective": "bart", "max_len": 256}
+}
+
+
+def test_a_point_of_a_new_architecture_and_objective_runs_through_dvc(
+    reproduced_template: Path, tmp_path: Path
+) -> None:
+    """A point that defines its model (a prefix LM on BART's text infilling), as a DVC experiment:
+    pretrained, exported, fine-tuned from both inits, evaluated and compared, with its parameters
+    and FLOPs."""
+    project = copy_project(reproduced_template, tmp_path / "project")
+    sh(project, "git", "add", "-A")
+    sh(project, "git", "commit", "-qm", "baseline reproduced")
+    grid = json.dumps([{"models": PREFIX_BART}])
+    command = [sys.executable, "-m", "flows.ablation", "--grid", grid, "--name", "t5"]
+    sh(
+        project,
+        *command,
+        MLFLOW_TRACKING_URI=None,
+        PREFECT_API_URL=None,
+        PREFECT_HOME=str(tmp_path / "prefect"),
+    )
+    [row] = pd.read_csv(project / "reports/ablation/t5/comparison.csv").to_dict("records")
+    assert (row["model"], row["vs_baseline_verdict"]) == ("prefix_bart", "baseline")
+    assert row["delta_average_verdict"] in {"better", "worse", "within noise"}
+    assert row["parameters"] > 0 and row["train_flops"] > 0 and row["pretrain_steps"] == 10
+    [shown] = [row for row in dvc.api.exp_show(repo=str(project)) if row["Experiment"] == "t5-1"]
+    assert (shown["models.prefix_bart.arch"], shown["models.prefix_bart.objective"]) == ("prefix_lm", "bart")
+    assert shown["prefix_bart.pretrained.average"] == pytest.approx(row["glue_average"], abs=1e-4)
 
 
 def test_a_task_average_reads_a_sweep_point_by_its_experiment_name(swept_template: Path) -> None:

@@ -158,10 +158,18 @@ def test_noise_mask_spans() -> None:
     assert random_spans_noise_mask(1, 0.15, 3.0, batch_generator(0, 0)).shape == (1,)
 
 
-def test_too_many_spans_for_the_sentinels() -> None:
-    tokens = torch.randint(SPECIAL.n_special, V, (1, 4000))
-    with pytest.raises(ValueError, match="more than the 100 sentinels"):
-        span_corrupt(tokens, batch_generator(0, 0), 0.15, 3.0)
+def test_spans_past_the_last_sentinel_share_it() -> None:
+    """T5's corruption-rate table at 512 tokens: 50 % in spans of 3 is 128 spans, 100 sentinels."""
+    raw, _ = span_corruption_lengths(512, 0.5, 3.0)
+    tokens = torch.randint(SPECIAL.n_special, V, (2, raw), generator=torch.Generator().manual_seed(0))
+    batch = span_corrupt(tokens, batch_generator(0, 0), 0.5, 3.0)
+    for inputs, targets in zip(batch.input_ids, batch.target_ids, strict=True):
+        sentinels = inputs[(inputs >= SPECIAL.first_sentinel) & (inputs < SPECIAL.n_special)].tolist()
+        assert len(sentinels) == 128
+        assert sentinels == [SPECIAL.sentinel(min(i, 99)) for i in range(128)]
+        assert (
+            targets[(targets >= SPECIAL.first_sentinel) & (targets < SPECIAL.n_special)].tolist() == sentinels
+        )
 
 
 def test_every_objective_is_registered_once_and_named_alike_everywhere() -> None:

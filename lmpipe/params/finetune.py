@@ -49,7 +49,6 @@ class FinetuneCommonParams(Strict):
         "once as its cores hold. The thread count changes the float bits, so it is a param",
     )
 
-
     @field_validator("pooling")
     @classmethod
     def _poolings_fit(cls, pooling: dict[str, str]) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields
 from functools import cache
 from typing import Annotated, Any, Literal, get_type_hints
@@ -44,6 +45,13 @@ def objectives_params(sections: Any = None) -> Strict:
     """params.yaml's `objectives`: one section per registered objective (models/objectives), each
     validated by the objective's own params class; an objective registered after import is seen."""
     return _objectives_model(tuple(OBJECTIVES)).model_validate(sections or {})
+
+
+def longest_read(arch: str, objective: str, seq_len: int, args: Mapping[str, Any]) -> int:
+    """The most tokens a stack of `arch` reads of a row of `objective` at `seq_len`: what its max_len
+    must hold."""
+    pairs = OBJECTIVES[objective].longest(seq_len, args)
+    return max(max(ARCHITECTURES[arch].tokens(inputs, targets, 0.0)[:2]) for inputs, targets in pairs)
 
 
 class PretrainParams(Strict):
@@ -133,16 +141,11 @@ class PretrainSections(ModelsSections):
             key = self.pretrain_key(name, "seq_len")
             if max_len < seq_len:
                 raise ValueError(f"models.{name}.max_len ({max_len}) is shorter than {key} ({seq_len})")
-            objective = OBJECTIVES[variant.objective]
-            args = getattr(self.objectives, objective.name).model_dump()
-            try:
-                inputs, targets = objective.longest(seq_len, args)
-            except ValueError as exc:
-                raise ValueError(f"objectives.{objective.name} at {key} {seq_len}: {exc}") from None
-            encoder, decoder, _ = ARCHITECTURES[variant.arch].tokens(inputs, targets, 0.0)
-            if max(encoder, decoder) > max_len:
+            args = getattr(self.objectives, variant.objective).model_dump()
+            reads = longest_read(variant.arch, variant.objective, seq_len, args)
+            if reads > max_len:
                 raise ValueError(
-                    f"models.{name}.max_len ({max_len}) is shorter than the {max(encoder, decoder)} tokens "
-                    f"a {variant.arch} reads of a row of objective {objective.name} at {key} {seq_len}"
+                    f"models.{name}.max_len ({max_len}) is shorter than the {reads} tokens arch "
+                    f"'{variant.arch}' reads of a row of objective '{variant.objective}' at {key} {seq_len}"
                 )
         return self

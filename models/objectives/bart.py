@@ -120,10 +120,10 @@ class BartDenoising(Objective):
             return round(raw - num_noise + num_noise / args["poisson_lambda"] + 1), seq_len, seq_len
         return seq_len, seq_len, seq_len
 
-    def longest(self, seq_len: int, args: Args) -> tuple[int, int]:
+    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
         # spans never outnumber the noise tokens they replace
         deleted = args["noise"] == "token_deletion"
-        return (self.widths(seq_len, args)[0] if deleted else seq_len), seq_len
+        return [((self.widths(seq_len, args)[0] if deleted else seq_len), seq_len)]
 
 
 OBJECTIVE = BartDenoising()

@@ -53,11 +53,11 @@ class Objective(ABC):
         """(inputs width, targets width, predicted tokens per row): exact for fixed-width pairs, the
         expectation where rows differ."""
 
-    def longest(self, seq_len: int, args: Args) -> tuple[int, int]:
-        """The widest inputs and targets a row can make, what the model's max_len must hold; a
-        ValueError when no row of `seq_len` can be made (too many spans for the sentinels)."""
+    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
+        """The widest (inputs, targets) a row can make, what the model's max_len must hold (bounds, or
+        the extremes where one grows as the other shrinks)."""
         inputs, targets, _ = self.widths(seq_len, args)
-        return inputs, targets
+        return [(inputs, targets)]
 
 
 def batch_generator(seed: int, index: int) -> torch.Generator:

@@ -66,9 +66,9 @@ class PrefixLMObjective(Objective):
         inputs = (fewest + most) / 2
         return round(inputs), seq_len + 1 - round(inputs), seq_len + 1 - inputs
 
-    def longest(self, seq_len: int, args: Args) -> tuple[int, int]:
+    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
         fewest, most = prefix_bounds(seq_len + 1, args["noise_density"])
-        return most, seq_len + 1 - fewest
+        return [(most, seq_len + 1 - most), (fewest, seq_len + 1 - fewest)]
 
 
 OBJECTIVE = PrefixLMObjective()

@@ -14,11 +14,9 @@ from models.objectives.noise import (
     noise_count,
     noise_mask,
     replace_spans,
-    span_counts,
     stacked,
     with_eos,
 )
-from models.special import SPECIAL
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
 # when it validates params.yaml
@@ -48,12 +46,10 @@ def span_corruption_lengths(
     return raw, targets_length
 
 
-def most_spans(length: int, args: Args) -> int:
-    """The most noise spans a row of `length` can have."""
-    if args["noise_mask"] == "iid":  # every noise token a span of its own, a kept one between
-        num_noise = noise_count(length, args["noise_density"])
-        return min(num_noise, length - num_noise + 1)
-    return span_counts(max(length, 2), args["noise_density"], args["mean_span_length"])[1]
+def most_iid_spans(length: int, noise_density: float) -> int:
+    """The most spans i.i.d. noise makes of a row: every noise token its own, a kept one between."""
+    num_noise = noise_count(length, noise_density)
+    return min(num_noise, length - num_noise + 1)
 
 
 @dataclass
@@ -72,16 +68,11 @@ def span_corrupt(
     mask: NoiseMask = "random_spans",
 ) -> SpanBatch:
     length = tokens.shape[1]
-    args = {"noise_mask": mask, "noise_density": noise_density, "mean_span_length": mean_noise_span_length}
-    if most_spans(length, args) > SPECIAL.n_sentinels:
-        raise ValueError(
-            f"{most_spans(length, args)} noise spans need more than the {SPECIAL.n_sentinels} sentinels"
-        )
     inputs, targets = [], []
     for row in tokens:
         noise = noise_mask(mask, length, noise_density, mean_noise_span_length, generator)
-        inputs.append(with_eos(replace_spans(row, noise, SPECIAL.first_sentinel)))
-        targets.append(with_eos(noise_after_sentinels(row, noise, SPECIAL.first_sentinel)))
+        inputs.append(with_eos(replace_spans(row, noise)))
+        targets.append(with_eos(noise_after_sentinels(row, noise)))
     (input_ids, input_lengths), (target_ids, target_lengths) = stacked(inputs), stacked(targets)
     return SpanBatch(input_ids, target_ids, input_lengths, target_lengths)
 
@@ -123,14 +114,12 @@ class SpanCorruption(Objective):
         _, targets = span_corruption_lengths(seq_len, args["noise_density"], args["mean_span_length"])
         return seq_len, targets, targets
 
-    def longest(self, seq_len: int, args: Args) -> tuple[int, int]:
-        raw = self.row_length(seq_len, args)
-        spans = most_spans(raw, args)
-        if spans > SPECIAL.n_sentinels:
-            raise ValueError(f"up to {spans} noise spans a row: more than the {SPECIAL.n_sentinels}")
+    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
         if args["noise_mask"] == "iid":
-            return seq_len, noise_count(raw, args["noise_density"]) + spans + 1
-        return self.widths(seq_len, args)[:2]
+            raw = self.row_length(seq_len, args)
+            density = args["noise_density"]
+            return [(seq_len, noise_count(raw, density) + most_iid_spans(raw, density) + 1)]
+        return super().longest(seq_len, args)
 
 
 OBJECTIVE = SpanCorruption()

@@ -17,6 +17,7 @@ from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
 from models.lightning import PretrainModule, TrainConfig
 from models.objectives import OBJECTIVES
+from models.objectives.base import Args, Objective
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, by a part of
 # torch.cuda.get_device_name(); the longest matching key wins ("A100" before "A10").
@@ -39,28 +40,36 @@ def peak_flops(device_name: str) -> float | None:
     return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None
 
 
-def lengths(train: TrainConfig) -> tuple[int, int, float]:
+def components(train: TrainConfig) -> list[tuple[float, Objective, Args]]:
+    """(share, objective, args) of what makes the batches: the objective, or a mixture's parts."""
+    return OBJECTIVES[train.objective].components(train.objective_args)
+
+
+def lengths(train: TrainConfig, objective: Objective, args: Args) -> tuple[int, int, float]:
     """(encoder tokens, decoder tokens, predicted tokens) per row: the objective's pair widths as the
     architecture reads them."""
-    widths = OBJECTIVES[train.objective].widths(train.seq_len, train.objective_args)
-    return ARCHITECTURES[train.arch].tokens(*widths)
+    return ARCHITECTURES[train.arch].tokens(objective.kind, *objective.widths(train.seq_len, args))
 
 
-def example_batch(train: TrainConfig) -> dict[str, Tensor]:
+def example_batch(train: TrainConfig, objective: Objective, args: Args) -> dict[str, Tensor]:
     """A batch of the pair's shapes as the architecture has it, on the meta device."""
-    widths = OBJECTIVES[train.objective].widths(train.seq_len, train.objective_args)
-    return ARCHITECTURES[train.arch].example_batch(train.batch_size, *widths)
+    widths = objective.widths(train.seq_len, args)
+    return ARCHITECTURES[train.arch].example_batch(train.batch_size, objective.kind, *widths)
 
 
 def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
-    """FLOPs of one micro-batch's forward and backward pass, as FlopCounterMode counts them."""
+    """FLOPs of one micro-batch's forward and backward pass, as FlopCounterMode counts them (a
+    mixture's: each component's by its share)."""
     with torch.device("meta"):
         module = PretrainModule(model.to_dict(), train.__dict__)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        loss, _, _ = module.loss(example_batch(train))
-        loss.backward()
-    return int(counter.get_total_flops())
+    total = 0.0
+    for share, objective, args in components(train):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            loss, _, _ = module.loss(example_batch(train, objective, args))
+            loss.backward()
+        total += share * counter.get_total_flops()
+    return round(total)
 
 
 def block_weights(d_model: int, d_ff: int, mlp: str) -> int:
@@ -71,8 +80,14 @@ def block_weights(d_model: int, d_ff: int, mlp: str) -> int:
 
 def estimate_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     """6·N·D + attention + LM head for one micro-batch (forward 2 FLOPs a multiply-add, backward 2x):
-    each stack over its own tokens, and a decoder's cross-attention to the encoder's."""
-    b, (t, u, predicted) = train.batch_size, lengths(train)
+    each stack over its own tokens, and a decoder's cross-attention to the encoder's (a mixture's:
+    each component's by its share)."""
+    total = sum(share * _estimate(model, train, lengths(train, o, a)) for share, o, a in components(train))
+    return round(total)
+
+
+def _estimate(model: ModelConfig, train: TrainConfig, tokens: tuple[int, int, float]) -> int:
+    b, (t, u, predicted) = train.batch_size, tokens
     d = model.d_model
     block = block_weights(d, model.d_ff, model.mlp)
     forward = 0

@@ -61,9 +61,15 @@ class TrainConfig:
 def make_batch(
     rows: Tensor, cfg: TrainConfig, generator: torch.Generator, vocab_size: int
 ) -> dict[str, Tensor]:
-    """The objective's pair of the rows, as the architecture's batch."""
-    pair = OBJECTIVES[cfg.objective].pair(rows, cfg.objective_args, generator, vocab_size)
-    return ARCHITECTURES[cfg.arch].batch(pair)
+    """The objective's pair of the rows, as the architecture's batch; a mixture's component drawn by
+    its share from the batch's stream first, the rows cut to the length it reads."""
+    parts = OBJECTIVES[cfg.objective].components(cfg.objective_args)
+    _, objective, args = parts[0]
+    if len(parts) > 1:
+        shares = torch.tensor([share for share, _, _ in parts], dtype=torch.float64)
+        _, objective, args = parts[int(torch.multinomial(shares, 1, generator=generator))]
+    rows = rows[:, : objective.row_length(cfg.seq_len, args)]
+    return ARCHITECTURES[cfg.arch].batch(objective.pair(rows, args, generator, vocab_size))
 
 
 class PackedBatches(IterableDataset):

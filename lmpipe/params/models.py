@@ -55,7 +55,7 @@ class ModelParams(_Overrides):
         if "arch" not in info.data:  # an unknown architecture: said on its own key
             return objective
         arch, kind = ARCHITECTURES[info.data["arch"]], OBJECTIVES[objective].kind
-        if kind not in arch.fits:
+        if kind is not None and kind not in arch.fits:  # a mixture's parts: checked with its params
             fitting = [name for name, other in OBJECTIVES.items() if other.kind in arch.fits]
             raise ValueError(
                 f"does not fit arch '{arch.name}', whose converter takes {' or '.join(sorted(arch.fits))} "

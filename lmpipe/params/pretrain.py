@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from functools import cache
 from typing import Annotated, Any, Literal, get_type_hints
 
@@ -29,8 +29,15 @@ def _section_model(name: str) -> type[Strict]:
         params.__name__,
         __base__=Strict,
         __validators__={"_rules": model_validator(mode="after")(_rules)},
-        **{f.name: (hints[f.name], Field(f.default, **f.metadata)) for f in fields(params)},
+        **{f.name: (hints[f.name], _field(f)) for f in fields(params)},
     )
+
+
+def _field(spec: Any) -> Any:
+    """A dataclass field as pydantic's: its default (or default factory), bounds and description."""
+    if spec.default is MISSING:
+        return Field(default_factory=spec.default_factory, **spec.metadata)
+    return Field(spec.default, **spec.metadata)
 
 
 @cache
@@ -50,8 +57,11 @@ def objectives_params(sections: Any = None) -> Strict:
 def longest_read(arch: str, objective: str, seq_len: int, args: Mapping[str, Any]) -> int:
     """The most tokens a stack of `arch` reads of a row of `objective` at `seq_len`: what its max_len
     must hold."""
-    pairs = OBJECTIVES[objective].longest(seq_len, args)
-    return max(max(ARCHITECTURES[arch].tokens(inputs, targets, 0.0)[:2]) for inputs, targets in pairs)
+    return max(
+        max(ARCHITECTURES[arch].tokens(part.kind, inputs, targets, 0.0)[:2])
+        for _, part, own in OBJECTIVES[objective].components(args)
+        for inputs, targets in part.longest(seq_len, own)
+    )
 
 
 class PretrainParams(Strict):
@@ -142,6 +152,14 @@ class PretrainSections(ModelsSections):
             if max_len < seq_len:
                 raise ValueError(f"models.{name}.max_len ({max_len}) is shorter than {key} ({seq_len})")
             args = getattr(self.objectives, variant.objective).model_dump()
+            arch = ARCHITECTURES[variant.arch]
+            for _, part, _ in OBJECTIVES[variant.objective].components(args):
+                if part.kind not in arch.fits:
+                    takes = ", ".join(sorted(arch.fits))
+                    raise ValueError(
+                        f"models.{name}.objective: {variant.objective}'s component {part.name} makes "
+                        f"{part.kind} pairs, which arch '{arch.name}' does not take ({takes})"
+                    )
             reads = longest_read(variant.arch, variant.objective, seq_len, args)
             if reads > max_len:
                 raise ValueError(

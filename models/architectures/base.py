@@ -49,8 +49,8 @@ class Architecture(ABC):
         """[B, d]: one state per sequence for a fine-tuning head; `pad_mask` is True on real tokens."""
 
     @abstractmethod
-    def tokens(self, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
-        """(encoder tokens, decoder tokens, predicted tokens) per row of a pair of these widths."""
+    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
+        """(encoder tokens, decoder tokens, predicted tokens) per row of a pair of this kind and widths."""
 
     def logits_and_labels(self, model: Transformer, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Flat logits and the labels they predict: at `positions` (flat indices) when the batch scores
@@ -69,12 +69,12 @@ class Architecture(ABC):
         return model.lm_logits(hidden).flatten(0, 1), batch["labels"].flatten()
 
     def example_batch(
-        self, batch_size: int, inputs: int, targets: int, predicted: float
+        self, batch_size: int, kind: PairKind, inputs: int, targets: int, predicted: float
     ) -> dict[str, Tensor]:
         """A batch of these shapes on the meta device (the FLOPs count's)."""
         import torch
 
-        encoder, decoder, scored = self.tokens(inputs, targets, predicted)
+        encoder, decoder, scored = self.tokens(kind, inputs, targets, predicted)
         meta = {"dtype": torch.long, "device": "meta"}
         batch = {"input_ids": torch.zeros(batch_size, encoder or decoder, **meta)}
         if encoder and decoder:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from models.architectures.base import Architecture, concatenate
-from models.pair import Pair
+from models.pair import Pair, PairKind
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
 # when it validates params.yaml
@@ -46,7 +46,7 @@ class Decoder(Architecture):
     def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
         return last_state(model.decode(ids, pad_mask), pad_mask)
 
-    def tokens(self, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
+    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
         return 0, inputs + targets - 1, targets - (inputs == 0)
 
 

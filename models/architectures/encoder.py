@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from models.architectures.base import Architecture, padding_mask
-from models.pair import Pair
+from models.pair import Pair, PairKind
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
 # when it validates params.yaml
@@ -25,15 +25,7 @@ class Encoder(Architecture):
     paper_objective, lm_auto_class = "mlm", "AutoModelForMaskedLM"
 
     def batch(self, pair: Pair) -> dict[str, Tensor]:
-        positions = pair.noise.reshape(-1).nonzero().squeeze(1)
-        batch = {
-            "input_ids": pair.inputs,
-            "positions": positions,
-            "labels": pair.targets.reshape(-1)[positions],
-        }
-        if pair.input_lengths is not None:
-            batch["pad_mask"] = padding_mask(pair.input_lengths, pair.inputs.shape[1])
-        return batch
+        return aligned_batch(pair)
 
     def hidden(self, model, ids, pad_mask=None, decoder_ids=None, decoder_pad_mask=None, prefix_lengths=None):
         return model.encode(ids, pad_mask)
@@ -42,8 +34,17 @@ class Encoder(Architecture):
         states = model.encode(ids, pad_mask)
         return states[:, 0] if pooling == "cls" else masked_mean(states, pad_mask)
 
-    def tokens(self, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
+    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
         return inputs, 0, predicted
+
+
+def aligned_batch(pair: Pair) -> dict[str, Tensor]:
+    """An aligned pair in place: the inputs, scored at the noise against the original tokens."""
+    positions = pair.noise.reshape(-1).nonzero().squeeze(1)
+    batch = {"input_ids": pair.inputs, "positions": positions, "labels": pair.targets.reshape(-1)[positions]}
+    if pair.input_lengths is not None:
+        batch["pad_mask"] = padding_mask(pair.input_lengths, pair.inputs.shape[1])
+    return batch
 
 
 def masked_mean(states: Tensor, pad_mask: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from models.architectures.base import Architecture, padding_mask, shift_right
 from models.architectures.encoder import masked_mean
-from models.pair import Pair
+from models.pair import Pair, PairKind
 from models.special import SPECIAL
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
@@ -52,5 +52,5 @@ class EncoderDecoder(Architecture):
         start = torch.full((len(ids), 1), SPECIAL.bos, dtype=ids.dtype, device=ids.device)
         return model.decode(start, None, memory, pad_mask)[:, 0]
 
-    def tokens(self, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
+    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
         return inputs, targets, targets

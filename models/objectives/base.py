@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 from models.pair import Pair, PairKind
 
@@ -32,14 +32,41 @@ class ObjectiveParams:
     def check(self) -> None:
         """Rules across fields: a ValueError says which is broken."""
 
+    def validate(self) -> None:
+        """Each field within its metadata's bounds and, if a Literal, one of its values (what the
+        params schema checks, for params given elsewhere: a mixture's components)."""
+        hints = get_type_hints(type(self))
+        for spec in fields(self):
+            value, bounds = getattr(self, spec.name), spec.metadata
+            if get_origin(hints[spec.name]) is Literal and value not in get_args(hints[spec.name]):
+                raise ValueError(
+                    f"{spec.name}: {value!r} is not one of {', '.join(get_args(hints[spec.name]))}"
+                )
+            broken = [
+                f"{word} {bounds[key]}"
+                for key, word, holds in (
+                    ("gt", ">", lambda v, b: v > b),
+                    ("ge", ">=", lambda v, b: v >= b),
+                    ("lt", "<", lambda v, b: v < b),
+                    ("le", "<=", lambda v, b: v <= b),
+                )
+                if key in bounds and not holds(value, bounds[key])
+            ]
+            if broken:
+                raise ValueError(f"{spec.name}: {value!r} must be {' and '.join(broken)}")
+
 
 class Objective(ABC):
     """A pretraining objective: the tokens a row reads, the pair it makes of rows, and the widths of
     that pair (what the FLOPs count needs)."""
 
     name: ClassVar[str]
-    kind: ClassVar[PairKind]
+    kind: ClassVar[PairKind | None]  # None: a mixture, its components' kinds
     Params: ClassVar[type[ObjectiveParams]] = ObjectiveParams
+
+    def components(self, args: Args) -> list[tuple[float, Objective, Args]]:
+        """(share, objective, its args) of what makes a batch: this objective, or a mixture's parts."""
+        return [(1.0, self, args)]
 
     def row_length(self, seq_len: int, args: Args) -> int:
         """Tokens read per row for inputs of `seq_len`."""

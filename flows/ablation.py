@@ -298,13 +298,10 @@ def comparison(
         runs, labels, idx = read_aligned(results[point.index]["predictions"])
         for model, scores in results[point.index]["glue"].items():
             row: dict[str, Any] = {"experiment": point.experiment, "point": label(point.values, swept)}
-            row.update(
-                {
-                    key: text(point.values[key]) if key == MODELS_KEY else point.values.get(key)
-                    for key in swept
-                    if key in point.values or key != MODELS_KEY
-                }
-            )
+            # a key the point leaves out: None, the params' value
+            row.update({key: point.values.get(key) for key in swept})
+            if MODELS_KEY in row and row[MODELS_KEY] is not None:
+                row[MODELS_KEY] = text(row[MODELS_KEY])
             row["model"] = model
             tasks = [k for k in scores["pretrained"] if k != "average"]
             for key in ["average", *tasks]:

@@ -710,40 +710,6 @@ def test_a_sweep_of_two_keys(swept_template: Path) -> None:
         assert scratch == pytest.approx(row["scratch_average"])
 
 
-# T5's table at CI size: a pair the registries made possible, a model the point defines from the
-# project's encoder (its size, its recipe), through the whole graph
-PREFIX_BART = {
-    "prefix_bart": {"from": "encoder_mlm", "arch": "prefix_lm", "objective": "bart", "max_len": 256}
-}
-
-
-def test_a_point_of_a_new_architecture_and_objective_runs_through_dvc(
-    reproduced_template: Path, tmp_path: Path
-) -> None:
-    """A point that defines its model (a prefix LM on BART's text infilling), as a DVC experiment:
-    pretrained, exported, fine-tuned from both inits, evaluated and compared, with its parameters
-    and FLOPs."""
-    project = copy_project(reproduced_template, tmp_path / "project")
-    sh(project, "git", "add", "-A")
-    sh(project, "git", "commit", "-qm", "baseline reproduced")
-    grid = json.dumps([{"models": PREFIX_BART}])
-    command = [sys.executable, "-m", "flows.ablation", "--grid", grid, "--name", "t5"]
-    sh(
-        project,
-        *command,
-        MLFLOW_TRACKING_URI=None,
-        PREFECT_API_URL=None,
-        PREFECT_HOME=str(tmp_path / "prefect"),
-    )
-    [row] = pd.read_csv(project / "reports/ablation/t5/comparison.csv").to_dict("records")
-    assert (row["model"], row["vs_baseline_verdict"]) == ("prefix_bart", "baseline")
-    assert row["delta_average_verdict"] in {"better", "worse", "within noise"}
-    assert row["parameters"] > 0 and row["train_flops"] > 0 and row["pretrain_steps"] == 10
-    [shown] = [row for row in dvc.api.exp_show(repo=str(project)) if row["Experiment"] == "t5-1"]
-    assert (shown["models.prefix_bart.arch"], shown["models.prefix_bart.objective"]) == ("prefix_lm", "bart")
-    assert shown["prefix_bart.pretrained.average"] == pytest.approx(row["glue_average"], abs=1e-4)
-
-
 def test_a_task_average_reads_a_sweep_point_by_its_experiment_name(swept_template: Path) -> None:
     """docs/results/task_average.py on a `--temp` sweep point: its predictions from the DVC cache
     through the experiment's commit; over all its tasks, the Δ vs scratch, interval and verdict that

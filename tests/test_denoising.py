@@ -13,12 +13,12 @@ from lmpipe.params.schema import parse
 from lmpipe.pretraining import train_config
 from lmpipe.runtime import StageError
 from models.config import ModelConfig
-from models.flops import count_step_flops, estimate_step_flops
-from models.lightning import PretrainModule, make_batch
+from models.lightning import make_batch
 from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
 from models.objectives.noise import iid_noise_mask, noise_count
 from models.special import SPECIAL
+from tests.test_pairs import assert_learns
 
 V = 500
 EOS, MASK = SPECIAL.eos, SPECIAL.mask
@@ -164,19 +164,7 @@ def test_each_variant_trains_and_its_flops_are_counted(arch: str, objective: str
         arch, objective, PretrainParams(seq_len=24, batch_size=4), objectives_params({objective: values}), 2
     )
     model = ModelConfig(arch=arch, vocab_size=V, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=64)
-    batch = make_batch(rows(4, train.row_length()), train, batch_generator(2, 0), V)
-    torch.manual_seed(0)
-    module = PretrainModule(model.to_dict(), train.__dict__)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(5):
-        loss, _, _ = module.loss(batch)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
-    assert count_step_flops(model, train) == estimate_step_flops(model, train)
+    assert_learns(model, train, make_batch(rows(4, train.row_length()), train, batch_generator(2, 0), V))
 
 
 @pytest.mark.parametrize(

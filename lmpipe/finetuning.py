@@ -214,6 +214,7 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
         job.num_labels,
         pooling=job.pooling,
         dropout=job.common.dropout,
+        lm_loss_weight=job.common.lm_loss_weight,
     ).to(device(job.common.accelerator))
     cfg = finetune_config(job.recipe, job.common, job.seed)
     try:

@@ -104,7 +104,8 @@ def finetune(
     head: SequenceHead, ids: list[list[int]], labels: np.ndarray, cfg: FinetuneConfig
 ) -> list[float]:
     """Train `head` in place: AdamW (no decay on norms, biases, embeddings), warmup then linear decay,
-    gradient clipping. Returns the loss of every step.
+    gradient clipping. Returns the loss of every step (with `head.lm_loss_weight`, the task's loss plus
+    the weighted LM loss: what the step minimised).
 
     No step reads a tensor on the host: the losses stay on the device and are read together every
     READ_LOSSES_EVERY steps and at the end, where the first non-finite one stops the run with its step."""
@@ -125,8 +126,10 @@ def finetune(
         for batch in padded_batches(ids, labels, order, device):
             torch.manual_seed(derived_seed(cfg.seed, DROPOUT_STREAM, step))
             with autocast(cfg.precision, device):
-                output = head(batch["input_ids"], batch["pad_mask"])
+                output, lm_loss = head.forward_and_lm_loss(batch["input_ids"], batch["pad_mask"])
             loss = head.loss(output.float(), batch["labels"])
+            if lm_loss is not None:  # GPT-1: L2 + λ·L1
+                loss = loss + head.lm_loss_weight * lm_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)

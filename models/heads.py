@@ -18,6 +18,7 @@ class SequenceHead(nn.Module):
         num_labels: int,
         pooling: str | None = None,
         dropout: float = 0.1,
+        lm_loss_weight: float = 0.0,
     ) -> None:
         super().__init__()
         arch = backbone.arch
@@ -26,6 +27,9 @@ class SequenceHead(nn.Module):
             raise ValueError(
                 f"pooling '{self.pooling}' does not fit arch '{arch.name}' (use {' or '.join(arch.poolings)})"
             )
+        if lm_loss_weight and not arch.finetune_lm_loss:
+            raise ValueError(f"arch '{arch.name}' has no causal LM over its fine-tuning input")
+        self.lm_loss_weight = lm_loss_weight  # GPT-1's auxiliary LM loss: its weight beside the task's
         self.backbone = backbone
         self.num_labels = num_labels  # 1 = regression
         self.drop = nn.Dropout(dropout)
@@ -41,6 +45,14 @@ class SequenceHead(nn.Module):
         """Logits [B, num_labels], or predictions [B] for regression (never [B, 1])."""
         logits = self.out(self.drop(self.pooled(ids, pad_mask)))
         return logits.squeeze(-1) if self.num_labels == 1 else logits
+
+    def forward_and_lm_loss(self, ids: Tensor, pad_mask: Tensor) -> tuple[Tensor, Tensor | None]:
+        """`forward`, and with `lm_loss_weight` the LM loss of the input from the same states."""
+        if not self.lm_loss_weight:
+            return self(ids, pad_mask), None
+        pooled, lm_loss = self.backbone.arch.pooled_and_lm_loss(self.backbone, ids, pad_mask, self.pooling)
+        logits = self.out(self.drop(pooled))
+        return (logits.squeeze(-1) if self.num_labels == 1 else logits), lm_loss
 
     def loss(self, output: Tensor, labels: Tensor) -> Tensor:
         if self.num_labels == 1:

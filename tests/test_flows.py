@@ -181,6 +181,16 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
         ["~models.encoder_mlm", "~models.encdec_span"],
         ["~models.encoder_mlm", "~models.decoder_clm"],
     ]
+    # fine-tuning-only presets: the points differ in `finetune` keys alone, which no pretrain stage reads
+    assert [o[-1] for o in overrides["pooling"]] == [
+        f'finetune.common.pooling.encoder="{pooling}"' for pooling in ("cls", "mean", "max")
+    ]
+    assert [o[-1] for o in overrides["gpt1_aux_loss"]] == [
+        "finetune.common.lm_loss_weight=0.5",
+        "finetune.common.lm_loss_weight=0.0",
+    ]
+    pretrain_params = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["pretrain"]["do"]["params"]
+    assert not any(str(key).startswith("finetune") for key in pretrain_params)
     with pytest.raises(PipelineError, match="grid key 'models'"):
         point_overrides({"models": "gpt9"}, DEFAULT_PARAMS, ROOT / "params.yaml")
     # each preset names its baseline point: BERT's 15 % and 80/10/10, T5's 15 % and encoder-decoder
@@ -195,6 +205,8 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     assert baselines["span_length"] == {"models": "encdec_span", "objectives.span.noise_mask": "iid"}
     assert baselines["bart_noise"]["objectives.bart.noise"] == "text_infilling"
     assert baselines["span_density"]["objectives.span.noise_density"] == 0.15
+    assert baselines["pooling"]["finetune.common.pooling.encoder"] == "cls"
+    assert baselines["gpt1_aux_loss"]["finetune.common.lm_loss_weight"] == 0.5
     assert baseline_index(points["masking_rate"], {"objectives.mlm.mask_rate": 0.25}, None) == 3
     with pytest.raises(PipelineError, match=r'baseline \{"objectives.mlm.mask_rate": 0.3\}: no point'):
         baseline_index(points["masking_rate"], {"objectives.mlm.mask_rate": 0.3}, "masking_rate")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from models.config import ModelConfig
 from models.heads import SequenceHead
@@ -28,11 +29,14 @@ def padded(lengths: list[int], width: int = 12, seed: int = 0) -> tuple[torch.Te
     [
         ("encoder", None),
         ("encoder", "mean"),
+        ("encoder", "max"),
         ("decoder", None),
         ("prefix_lm", "last"),
         ("prefix_lm", "mean"),
+        ("prefix_lm", "max"),
         ("encoder_decoder", "mean_encoder"),
         ("encoder_decoder", "first_decoder"),
+        ("encoder_decoder", "max_encoder"),
     ],
 )
 def test_padding_never_changes_the_output(arch: str, pooling: str | None) -> None:
@@ -55,6 +59,34 @@ def test_decoder_pools_the_last_real_token() -> None:
     changed[0, 4] = 111  # the last real token of row 0
     assert not torch.allclose(model(changed, mask)[0], out[0])
     assert torch.allclose(model(changed, mask)[1], out[1])
+
+
+def test_max_pooling_takes_each_feature_over_the_real_tokens() -> None:
+    model = head("encoder", pooling="max")
+    ids, mask = padded([3, 7])
+    states = model.backbone.encode(ids, mask)
+    pooled = model.pooled(ids, mask)
+    assert torch.equal(pooled[0], states[0, :3].amax(0)) and torch.equal(pooled[1], states[1, :7].amax(0))
+
+
+def test_the_auxiliary_lm_loss_is_the_decoders_next_token_loss_on_the_input() -> None:
+    """GPT-1's fine-tuning: the same logits as without it, and the LM loss over the real tokens only."""
+    plain, aux = head("decoder"), head("decoder", lm_loss_weight=0.5)
+    ids, mask = padded([5, 9])
+    logits, lm_loss = aux.forward_and_lm_loss(ids, mask)
+    assert torch.allclose(logits, plain(ids, mask)) and plain.forward_and_lm_loss(ids, mask)[1] is None
+    states = aux.backbone.decode(ids, mask)
+    expected = torch.cat(
+        [
+            F.cross_entropy(aux.backbone.lm_logits(states[r, : n - 1]), ids[r, 1:n], reduction="none")
+            for r, n in enumerate([5, 9])
+        ]
+    ).mean()
+    assert torch.allclose(lm_loss, expected, atol=1e-6)
+    junk = ids.masked_fill(~mask, 250)  # padding is never a target
+    assert torch.allclose(aux.forward_and_lm_loss(junk, mask)[1], lm_loss, atol=1e-6)
+    with pytest.raises(ValueError, match="arch 'encoder' has no causal LM over its fine-tuning input"):
+        head("encoder", lm_loss_weight=0.5)
 
 
 def test_regression_shapes_never_broadcast() -> None:
@@ -90,3 +122,23 @@ def test_a_pooling_the_architecture_lacks_is_one_line(pooling: dict, message: st
     assert message in str(error.value) and "\n" not in str(error.value)
     common = parse(FinetuneSections, sections({"prefix_lm": "mean"})).finetune.common
     assert (common.pooling_of("prefix_lm"), common.pooling_of("encoder")) == ("mean", "cls")
+
+
+def test_an_auxiliary_lm_loss_on_an_encoder_is_one_line() -> None:
+    from lmpipe.params.finetune import FinetuneSections
+    from lmpipe.params.schema import parse
+    from lmpipe.runtime import StageError
+
+    def sections(arch: str) -> dict:
+        objective = {"encoder": "mlm", "decoder": "clm"}[arch]
+        models = {"m": {"arch": arch, "objective": objective, "preset": "tiny"}}
+        finetune = {"tasks": {"rte": {}}, "common": {"lm_loss_weight": 0.5}}
+        return {"models": models, "glue": {"path": "glue", "tasks": ["rte"]}, "finetune": finetune}
+
+    assert parse(FinetuneSections, sections("decoder")).finetune.common.lm_loss_weight == 0.5
+    with pytest.raises(StageError) as error:
+        parse(FinetuneSections, sections("encoder"))
+    assert str(error.value).endswith(
+        "finetune.common.lm_loss_weight (0.5): models.m (arch 'encoder') has no causal LM over its "
+        "fine-tuning input; the auxiliary LM loss fits arch decoder"
+    )

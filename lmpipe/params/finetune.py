@@ -36,6 +36,13 @@ class FinetuneCommonParams(Strict):
         description="the head's input, by architecture (models/architectures: each lists its poolings, "
         "the first its default)",
     )
+    lm_loss_weight: float = Field(
+        0.0,
+        ge=0,
+        description="GPT-1's auxiliary objective: the LM loss of the fine-tuning input beside the task's, "
+        "at this weight (GPT-1: 0.5); for the architectures whose fine-tuning reads the input as a causal "
+        "LM (decoder)",
+    )
     eval_batch_size: int = Field(128, ge=1)
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
     precision: Literal["auto", "32-true", "bf16-mixed"] = Field(
@@ -121,6 +128,18 @@ class FinetuneSections(ModelsSections):
                 FinetuneTaskParams.model_validate({**FinetuneTaskParams().model_dump(), **own})
             except ValidationError as exc:
                 raise ValueError(_problems(exc, f"finetune.models.{model}")) from None
+        return self
+
+    @model_validator(mode="after")
+    def _lm_loss_fits(self) -> FinetuneSections:
+        weight = self.finetune.common.lm_loss_weight
+        for model, variant in self.models.items():
+            if weight and not ARCHITECTURES[variant.arch].finetune_lm_loss:
+                fits = " or ".join(name for name, arch in ARCHITECTURES.items() if arch.finetune_lm_loss)
+                raise ValueError(
+                    f"finetune.common.lm_loss_weight ({weight}): models.{model} (arch '{variant.arch}') "
+                    f"has no causal LM over its fine-tuning input; the auxiliary LM loss fits arch {fits}"
+                )
         return self
 
     @model_validator(mode="after")

@@ -25,6 +25,9 @@ class Architecture(ABC):
     prefix: ClassVar[bool] = False  # a decoder that attends fully within a prefix (prefix_lengths)
     fits: ClassVar[frozenset[PairKind]]  # the pairs its converter can express
     poolings: ClassVar[tuple[str, ...]]  # fine-tuning's choices, the default first
+    # its fine-tuning reads the input as a causal LM, so GPT-1's auxiliary LM loss applies to it
+    # (`pooled_and_lm_loss`, `finetune.common.lm_loss_weight`)
+    finetune_lm_loss: ClassVar[bool] = False
     paper_objective: ClassVar[str]  # the objective the paper that made it trained it with
     lm_auto_class: ClassVar[str]  # the transformers Auto class of its LM head (a remote-code export)
 
@@ -47,6 +50,12 @@ class Architecture(ABC):
     @abstractmethod
     def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
         """[B, d]: one state per sequence for a fine-tuning head; `pad_mask` is True on real tokens."""
+
+    def pooled_and_lm_loss(
+        self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str
+    ) -> tuple[Tensor, Tensor]:
+        """`pooled`, and the LM loss of the input itself from the same states (GPT-1's fine-tuning)."""
+        raise NotImplementedError(f"arch '{self.name}' has no causal LM over its fine-tuning input")
 
     @abstractmethod
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:

@@ -35,6 +35,7 @@ class Decoder(Architecture):
     name, encoder, decoder = "decoder", False, True
     fits = frozenset({"sequence", "targets_only"})
     poolings = ("last",)  # the last real token: the only one that has seen the whole input
+    finetune_lm_loss = True
     paper_objective, lm_auto_class = "clm", "AutoModelForCausalLM"
 
     def batch(self, pair: Pair) -> dict[str, Tensor]:
@@ -45,6 +46,18 @@ class Decoder(Architecture):
 
     def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
         return last_state(model.decode(ids, pad_mask), pad_mask)
+
+    def pooled_and_lm_loss(
+        self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str
+    ) -> tuple[Tensor, Tensor]:
+        import torch.nn.functional as F
+
+        states = model.decode(ids, pad_mask)
+        # each real token predicts the next real one, as in pretraining
+        labels = ids[:, 1:].masked_fill(~pad_mask[:, 1:], -100)
+        logits = model.lm_logits(states[:, :-1])
+        lm_loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return last_state(states, pad_mask), lm_loss
 
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
         return 0, inputs + targets - 1, targets - (inputs == 0)

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 class Encoder(Architecture):
     name, encoder, decoder = "encoder", True, False
     fits = frozenset({"aligned"})
-    # [CLS] (position 0), or the masked mean of the states: a masked LM never shows [CLS], so its state
-    # starts untrained; the mean pools states the pretraining did train
-    poolings = ("cls", "mean")
+    # [CLS] (position 0), or the masked mean or max of the states (BERT's pooling table): a masked LM
+    # never shows [CLS], so its state starts untrained; the mean and max pool states pretraining trained
+    poolings = ("cls", "mean", "max")
     paper_objective, lm_auto_class = "mlm", "AutoModelForMaskedLM"
 
     def batch(self, pair: Pair) -> dict[str, Tensor]:
@@ -32,7 +32,7 @@ class Encoder(Architecture):
 
     def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
         states = model.encode(ids, pad_mask)
-        return states[:, 0] if pooling == "cls" else masked_mean(states, pad_mask)
+        return states[:, 0] if pooling == "cls" else pooled_states(states, pad_mask, pooling)
 
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
         return inputs, 0, predicted
@@ -51,3 +51,13 @@ def masked_mean(states: Tensor, pad_mask: Tensor) -> Tensor:
     """The mean of each row's states over its real tokens."""
     weights = pad_mask.unsqueeze(-1).to(states.dtype)
     return (states * weights).sum(1) / weights.sum(1).clamp(min=1)
+
+
+def masked_max(states: Tensor, pad_mask: Tensor) -> Tensor:
+    """The elementwise max of each row's states over its real tokens."""
+    return states.masked_fill(~pad_mask.unsqueeze(-1), float("-inf")).amax(1)
+
+
+def pooled_states(states: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
+    """`mean` or `max` over each row's real tokens."""
+    return masked_max(states, pad_mask) if pooling == "max" else masked_mean(states, pad_mask)

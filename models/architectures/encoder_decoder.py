@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from models.architectures.base import Architecture, padding_mask, shift_right
-from models.architectures.encoder import masked_mean
+from models.architectures.encoder import pooled_states
 from models.pair import Pair, PairKind
 from models.special import SPECIAL
 
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 class EncoderDecoder(Architecture):
     name, encoder, decoder = "encoder_decoder", True, True
     fits = frozenset({"sequence"})
-    # the masked mean of the encoder's states, or the first decoder state (the decoder run on one start
-    # token, attending to the whole encoder)
-    poolings = ("mean_encoder", "first_decoder")
+    # the masked mean (or max) of the encoder's states, or the first decoder state (the decoder run on
+    # one start token, attending to the whole encoder)
+    poolings = ("mean_encoder", "first_decoder", "max_encoder")
     paper_objective, lm_auto_class = "span", "AutoModelForSeq2SeqLM"
 
     def batch(self, pair: Pair) -> dict[str, Tensor]:
@@ -47,8 +47,8 @@ class EncoderDecoder(Architecture):
         import torch
 
         memory = model.encode(ids, pad_mask)
-        if pooling == "mean_encoder":
-            return masked_mean(memory, pad_mask)
+        if pooling in ("mean_encoder", "max_encoder"):
+            return pooled_states(memory, pad_mask, pooling.removesuffix("_encoder"))
         start = torch.full((len(ids), 1), SPECIAL.bos, dtype=ids.dtype, device=ids.device)
         return model.decode(start, None, memory, pad_mask)[:, 0]
 

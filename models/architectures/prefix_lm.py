@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from models.architectures.base import Architecture
 from models.architectures.decoder import last_state, lm_batch
-from models.architectures.encoder import aligned_batch, masked_mean
+from models.architectures.encoder import aligned_batch, pooled_states
 from models.pair import Pair, PairKind
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 class PrefixLM(Architecture):
     name, encoder, decoder, prefix = "prefix_lm", False, True, True
     fits = frozenset({"aligned", "sequence", "targets_only"})
-    # the last real token (the one the LM objective trained to start the continuation), or the mean of
-    # the states: with the input as the prefix, every position has seen all of it
-    poolings = ("last", "mean")
+    # the last real token (the one the LM objective trained to start the continuation), or the mean or
+    # max of the states: with the input as the prefix, every position has seen all of it
+    poolings = ("last", "mean", "max")
     paper_objective, lm_auto_class = "lm", "AutoModelForCausalLM"
 
     def batch(self, pair: Pair) -> dict[str, Tensor]:
@@ -43,7 +43,7 @@ class PrefixLM(Architecture):
 
     def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
         states = model.decode(ids, pad_mask, prefix_lengths=pad_mask.long().sum(1))
-        return last_state(states, pad_mask) if pooling == "last" else masked_mean(states, pad_mask)
+        return last_state(states, pad_mask) if pooling == "last" else pooled_states(states, pad_mask, pooling)
 
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
         if kind == "aligned":  # the inputs alone, all of them the prefix

@@ -23,11 +23,13 @@ from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
 from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
+from models.pair import stacked_pairs
 from models.training import derived_seed, read_losses
 from models.transformer import Transformer, weight_decay_groups
 
 VAL_STEP_OFFSET = 2**40  # validation masks come from a stream no training step uses
 DROPOUT_STREAM = 2**41
+STATIC_STREAM = 2**43  # static masking's per-row streams
 
 
 @dataclass(frozen=True)
@@ -59,17 +61,35 @@ class TrainConfig:
 
 
 def make_batch(
-    rows: Tensor, cfg: TrainConfig, generator: torch.Generator, vocab_size: int
+    rows: Tensor,
+    cfg: TrainConfig,
+    generator: torch.Generator,
+    vocab_size: int,
+    row_epochs: list[tuple[int, int]] | None = None,
 ) -> dict[str, Tensor]:
     """The objective's pair of the rows, as the architecture's batch; a mixture's component drawn by
-    its share from the batch's stream first, the rows cut to the length it reads."""
+    its share from the batch's stream first, the rows cut to the length it reads. With static masking
+    and each row's (row index, epoch) in `row_epochs`, a row's noise comes from its own stream, fixed
+    by the row and the copy the epoch reads (epoch mod copies), whichever batch it lands in."""
     parts = OBJECTIVES[cfg.objective].components(cfg.objective_args)
     _, objective, args = parts[0]
     if len(parts) > 1:
         shares = torch.tensor([share for share, _, _ in parts], dtype=torch.float64)
         _, objective, args = parts[int(torch.multinomial(shares, 1, generator=generator))]
     rows = rows[:, : objective.row_length(cfg.seq_len, args)]
-    return ARCHITECTURES[cfg.arch].batch(objective.pair(rows, args, generator, vocab_size))
+    copies = objective.static_copies(args)
+    if copies is None or row_epochs is None:
+        return ARCHITECTURES[cfg.arch].batch(objective.pair(rows, args, generator, vocab_size))
+    pairs = [
+        objective.pair(row[None], args, static_generator(cfg.seed, index, epoch % copies), vocab_size)
+        for row, (index, epoch) in zip(rows, row_epochs, strict=True)
+    ]
+    return ARCHITECTURES[cfg.arch].batch(stacked_pairs(pairs))
+
+
+def static_generator(seed: int, row: int, copy: int) -> torch.Generator:
+    """The noise stream of one row of the packed data in one of static masking's copies."""
+    return torch.Generator().manual_seed(derived_seed(seed, STATIC_STREAM, row, copy))
 
 
 class PackedBatches(IterableDataset):
@@ -93,19 +113,24 @@ class PackedBatches(IterableDataset):
     def tokens(self) -> np.ndarray:
         return np.memmap(self.path, dtype=self.dtype, mode="r")
 
-    def offsets(self, index: int, generator: torch.Generator, n_tokens: int) -> np.ndarray:
+    def offsets(
+        self, index: int, generator: torch.Generator, n_tokens: int
+    ) -> tuple[np.ndarray, list[tuple[int, int]] | None]:
+        """The rows' first tokens; with `epoch` sampling also each row's (row index, epoch)."""
         length, batch = self.cfg.row_length(), self.cfg.batch_size
         if self.cfg.sampling == "random":
-            return torch.randint(0, n_tokens - length + 1, (batch,), generator=generator).numpy()
+            return torch.randint(0, n_tokens - length + 1, (batch,), generator=generator).numpy(), None
         n_rows = n_tokens // length
         first = index * batch
         rows = np.empty(batch, dtype=np.int64)
+        epochs = []
         for j, index in enumerate(range(first, first + batch)):
             epoch = index // n_rows
             if self._epoch_order is None or self._epoch_order[0] != epoch:
                 self._epoch_order = (epoch, np.random.default_rng([self.cfg.seed, epoch]).permutation(n_rows))
             rows[j] = self._epoch_order[1][index % n_rows]
-        return rows * length
+            epochs.append(epoch)
+        return rows * length, list(zip(rows.tolist(), epochs, strict=True))
 
     def batch(self, step: int) -> dict[str, Tensor]:
         """This rank's micro-batch of micro-step `step`."""
@@ -113,9 +138,9 @@ class PackedBatches(IterableDataset):
         index = step * self.world_size + self.rank  # across processes: see batch_generator
         generator = batch_generator(self.cfg.seed, index)
         length = self.cfg.row_length()
-        starts = self.offsets(index, generator, len(tokens))
+        starts, row_epochs = self.offsets(index, generator, len(tokens))
         rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
-        return make_batch(rows, self.cfg, generator, self.vocab_size)
+        return make_batch(rows, self.cfg, generator, self.vocab_size, row_epochs)
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         info = get_worker_info()

@@ -26,3 +26,28 @@ class Pair:
     input_lengths: Tensor | None = None  # [B]
     target_lengths: Tensor | None = None  # [B]
     noise: Tensor | None = None  # [B, I] bool, aligned pairs: the corrupted positions, the scored ones
+
+
+def stacked_pairs(pairs: list[Pair]) -> Pair:
+    """Pairs of one row each as one batch, right-padded with the pad id where their rows differ."""
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    from models.special import SPECIAL
+
+    def column(
+        rows: list[Tensor], lengths: list[Tensor | None], pad: int | bool
+    ) -> tuple[Tensor, Tensor | None]:
+        real = [row[0] if n is None else row[0, : int(n[0])] for row, n in zip(rows, lengths, strict=True)]
+        widths = torch.tensor([len(row) for row in real])
+        if bool((widths == widths[0]).all()):
+            return torch.stack(real), None
+        return pad_sequence(real, batch_first=True, padding_value=pad), widths
+
+    input_lengths = [p.input_lengths for p in pairs]
+    inputs, in_len = column([p.inputs for p in pairs], input_lengths, SPECIAL.pad)
+    targets, tgt_len = column([p.targets for p in pairs], [p.target_lengths for p in pairs], SPECIAL.pad)
+    noise = None
+    if pairs[0].noise is not None:
+        noise, _ = column([p.noise for p in pairs], input_lengths, False)
+    return Pair(inputs, targets, in_len, tgt_len, noise)

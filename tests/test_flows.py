@@ -206,6 +206,11 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     assert baselines["bart_noise"]["objectives.bart.noise"] == "text_infilling"
     assert baselines["span_density"]["objectives.span.noise_density"] == 0.15
     assert baselines["pooling"]["finetune.common.pooling.encoder"] == "cls"
+    assert baselines["masking"] == {
+        "models": "encoder_mlm",
+        "pretrain.sampling": "epoch",
+        "objectives.mlm.masking": "dynamic",
+    }
     assert baselines["gpt1_aux_loss"]["finetune.common.lm_loss_weight"] == 0.5
     assert baseline_index(points["masking_rate"], {"objectives.mlm.mask_rate": 0.25}, None) == 3
     with pytest.raises(PipelineError, match=r'baseline \{"objectives.mlm.mask_rate": 0.3\}: no point'):

@@ -19,7 +19,13 @@ VOCAB = 300
 PAIRS = {"encoder": "mlm", "decoder": "clm", "encoder_decoder": "span"}
 KEYS = {"encoder": ("input_ids", "positions", "labels"), "decoder": ("input_ids", "labels")}
 ARGS = {
-    "mlm": {"mask_rate": 0.15, "mask_fraction": 0.8, "random_fraction": 0.1},
+    "mlm": {
+        "mask_rate": 0.15,
+        "mask_fraction": 0.8,
+        "random_fraction": 0.1,
+        "masking": "dynamic",
+        "copies": 10,
+    },
     "clm": {},
     "span": {"noise_density": 0.15, "mean_span_length": 3.0, "noise_mask": "random_spans"},
 }

@@ -160,6 +160,15 @@ class PretrainSections(ModelsSections):
                         f"models.{name}.objective: {variant.objective}'s component {part.name} makes "
                         f"{part.kind} pairs, which arch '{arch.name}' does not take ({takes})"
                     )
+            parts = OBJECTIVES[variant.objective].components(args)
+            static = [part.name for _, part, own in parts if part.static_copies(own)]
+            sampling = self.pretrain_of(name).sampling
+            if static and sampling != "epoch":
+                raise ValueError(
+                    f"objectives.{static[0]}.masking: static masking fixes the masks of each row of the "
+                    f"data, which needs {self.pretrain_key(name, 'sampling')}: epoch (fixed rows), not "
+                    f"{sampling} (models.{name})"
+                )
             reads = longest_read(variant.arch, variant.objective, seq_len, args)
             if reads > max_len:
                 raise ValueError(

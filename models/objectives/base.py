@@ -68,6 +68,11 @@ class Objective(ABC):
         """(share, objective, its args) of what makes a batch: this objective, or a mixture's parts."""
         return [(1.0, self, args)]
 
+    def static_copies(self, args: Args) -> int | None:
+        """With static masking (BERT's `dupe_factor`), the copies of the data: every row's noise drawn
+        once per copy and reused whenever that copy is read; None: fresh noise every batch (dynamic)."""
+        return None
+
     def row_length(self, seq_len: int, args: Args) -> int:
         """Tokens read per row for inputs of `seq_len`."""
         return seq_len

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from models.objectives.base import Args, Objective, ObjectiveParams, Pair
 from models.special import SPECIAL, SpecialIds
@@ -65,6 +65,15 @@ class MLMParams(ObjectiveParams):
     mask_rate: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
     mask_fraction: float = field(default=0.8, metadata={"ge": 0.0, "le": 1.0})
     random_fraction: float = field(default=0.1, metadata={"ge": 0.0, "le": 1.0})
+    masking: Literal["dynamic", "static"] = field(
+        default="dynamic",
+        metadata={
+            "description": "dynamic: fresh masks every time a row is read (RoBERTa); static: each row's "
+            "masks fixed per copy of the data (BERT's dupe_factor), the copies read in turn, epoch by "
+            "epoch (needs pretrain.sampling: epoch)"
+        },
+    )
+    copies: int = field(default=10, metadata={"ge": 1, "description": "static masking's copies (BERT: 10)"})
 
     def check(self) -> None:
         if self.mask_fraction + self.random_fraction > 1.0:
@@ -79,6 +88,9 @@ class MaskedLM(Objective):
             rows, generator, vocab_size, args["mask_rate"], args["mask_fraction"], args["random_fraction"]
         )
         return Pair(masked.input_ids, rows, noise=masked.selected)
+
+    def static_copies(self, args: Args) -> int | None:
+        return args["copies"] if args["masking"] == "static" else None
 
     def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
         return seq_len, seq_len, args["mask_rate"] * seq_len  # the expected selection

@@ -101,7 +101,8 @@ def from_t5_model(name: str, objective: str) -> dict[str, Any]:
 # Named after the seeds' tables (../shared/seeds): BERT Table 5 (10-25 %, and 40 %, where Wettig et al.
 # 2023 found larger models better off) and its 80/10/10 ablation; the BERT, GPT and T5 systems side by
 # side; T5's architectures × objectives, its objectives, corruption rates and span lengths; BART's noise;
-# RoBERTa's static vs dynamic masking; BERT's poolings for fine-tuning; GPT-1's auxiliary LM loss.
+# RoBERTa's static vs dynamic masking; positions; BERT's poolings for fine-tuning; GPT-1's auxiliary LM
+# loss.
 # A preset is a grid, or a function of the params a point starts from (the profile's sizes); a point
 # that leaves a swept key out keeps the params' value there.
 PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
@@ -141,6 +142,11 @@ PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
         "pretrain.sampling": ["epoch"],
         f"{MLM}.masking": ["static", "dynamic"],
     },
+    # BERT's learned positions against sinusoidal ones, and the relative schemes the seeds teach
+    "positions": [
+        {MODELS_KEY: {f"encoder_{kind}": {"from": "encoder_mlm", "positions": kind}}}
+        for kind in ("learned", "sinusoidal", "rope", "alibi", "relative")
+    ],
     # fine-tuning only: one pretrained encoder, its fine-tunes (and the scratch baselines) per pooling
     "pooling": {MODELS_KEY: ["encoder_mlm"], f"{POOLING}.encoder": ["cls", "mean", "max"]},
     "gpt1_aux_loss": {MODELS_KEY: ["decoder_clm"], LM_LOSS_WEIGHT: [0.5, 0.0]},
@@ -158,13 +164,15 @@ BASELINES: dict[str, dict[str, Any]] = {
     "span_length": {f"{SPAN}.noise_mask": "iid"},
     "bart_noise": {"objectives.bart.noise": "text_infilling"},
     "masking": {f"{MLM}.masking": "dynamic"},
+    "positions": {MODELS_KEY: "encoder_learned"},
     "pooling": {f"{POOLING}.encoder": "cls"},
     "gpt1_aux_loss": {LM_LOSS_WEIGHT: 0.5},
 }
 T5_TABLE_2 = "T5, Table 2"
 # the papers' tables: what the paper measured for a point against its baseline row, in GLUE average
 # points (MNLI accuracy for BART, whose table has no GLUE average; SST-2 for RoBERTa's): the seeds' (BERT's
-# Table 5, 100 % [MASK] and poolings; T5's Tables 2 and 4 and corruption rates; RoBERTa's masking), and
+# Table 5, 100 % [MASK], positions and poolings; T5's Tables 2 and 4 and corruption rates; RoBERTa's
+# masking), and
 # three the seeds leave out, said so
 PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
     "masking_rate": [
@@ -207,6 +215,7 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
         for noise, mnli in (("token_masking", 84.1), ("token_deletion", 84.1), ("document_rotation", 75.3))
     ],
     "masking": [({f"{MLM}.masking": "static"}, 92.5 - 92.9, "RoBERTa, Table 1, SST-2 (MNLI-m +0.3)")],
+    "positions": [({MODELS_KEY: "encoder_sinusoidal"}, -0.7, "BERT, learned vs sinusoidal positions")],
     "pooling": [
         ({f"{POOLING}.encoder": pooling}, average - 89.1, "BERT, pooling (MNLI, QQP, SST-2 average)")
         for pooling, average in (("mean", 88.3), ("max", 87.7))

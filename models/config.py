@@ -28,7 +28,9 @@ class ModelConfig:
     mlp: Literal["gelu", "swiglu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_position: Literal["pre", "post"] = "pre"
-    positions: Literal["learned", "sinusoidal", "rope"] = "learned"
+    # learned / sinusoidal: added to the embeddings; rope: rotates queries and keys; alibi, relative
+    # (T5's bucketed bias): added to the self-attention logits
+    positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative"] = "learned"
     bias: bool = True
     norm_eps: float = field(default=1e-5, metadata={"gt": 0.0})
     init_std: float = field(default=0.02, metadata={"gt": 0.0})

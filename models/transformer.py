@@ -49,6 +49,55 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi's per-head slopes (Press et al., 2022): 2^(-8/n), its powers, for n heads a power of two;
+    otherwise those of the power of two below and every other one of twice that, as the paper's code."""
+
+    def geometric(n: int) -> list[float]:
+        return [2 ** (-8 * (i + 1) / n) for i in range(n)]
+
+    below = 2 ** math.floor(math.log2(n_heads))
+    return torch.tensor(geometric(below) + geometric(2 * below)[0::2][: n_heads - below])
+
+
+def relative_buckets(relative: Tensor, bidirectional: bool, n_buckets: int, max_distance: int) -> Tensor:
+    """T5's bucket of each relative position (key - query): exact up to half the buckets, log-spaced up
+    to `max_distance`, the last bucket beyond; a causal stack buckets the past only, a bidirectional
+    one gives half the buckets to each side."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        n_buckets //= 2
+        buckets = (relative > 0).long() * n_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    exact = n_buckets // 2
+    spread = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    far = (exact + (spread * (n_buckets - exact)).long()).clamp(max=n_buckets - 1)
+    return buckets + torch.where(distance < exact, distance, far)
+
+
+class PositionBias(nn.Module):
+    """The additive attention bias of a stack's self-attention, [1, H, T, T]: ALiBi's fixed linear
+    penalty on distance (symmetric in a bidirectional stack), or T5's learnt bias per head and relative
+    bucket, one table per stack, shared by its layers (T5: 32 buckets to distance 128)."""
+
+    def __init__(self, cfg: ModelConfig, n_buckets: int = 32, max_distance: int = 128) -> None:
+        super().__init__()
+        self.kind, self.n_heads = cfg.positions, cfg.n_heads
+        self.n_buckets, self.max_distance = n_buckets, max_distance
+        self.table = nn.Embedding(n_buckets, cfg.n_heads) if cfg.positions == "relative" else None
+
+    def forward(self, length: int, causal: bool, device: torch.device) -> Tensor:
+        position = torch.arange(length, device=device)
+        relative = position[None, :] - position[:, None]  # key - query
+        if self.table is None:
+            slopes = alibi_slopes(self.n_heads).to(device)
+            return -(slopes[:, None, None] * relative.abs()).unsqueeze(0)
+        buckets = relative_buckets(relative, not causal, self.n_buckets, self.max_distance)
+        return self.table(buckets).permute(2, 0, 1).unsqueeze(0)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, cross: bool = False) -> None:
         super().__init__()
@@ -82,6 +131,8 @@ class Attention(nn.Module):
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if mask is not None and mask.is_floating_point():  # a position bias: in the queries' dtype
+            mask = mask.to(q.dtype)
         y = F.scaled_dot_product_attention(
             q,
             k,
@@ -147,6 +198,7 @@ class Stack(nn.Module):
         # pre-norm stacks end in a norm; post-norm ones normalise the embeddings instead (BERT)
         self.edge_norm = make_norm(cfg)
         self.pre_norm = cfg.norm_position == "pre"
+        self.position_bias = PositionBias(cfg) if cfg.positions in ("alibi", "relative") else None
 
     def forward(
         self,
@@ -160,6 +212,8 @@ class Stack(nn.Module):
     ) -> Tensor:
         causal = self.causal if causal is None else causal  # a shared stack encodes bidirectionally
         mask = attention_mask(pad_mask, causal, x.shape[1], x.device, prefix_lengths)
+        if self.position_bias is not None:
+            mask = biased_mask(self.position_bias(x.shape[1], causal, x.device), mask, causal)
         context_mask = None if context_pad_mask is None else context_pad_mask[:, None, None, :]
         if not self.pre_norm:
             x = self.edge_norm(x)
@@ -193,6 +247,15 @@ def attention_mask(
             visible = (visible | in_prefix[:, None, :])[:, None]
         mask = mask & visible
     return mask
+
+
+def biased_mask(bias: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+    """A position bias as SDPA's float mask: -inf where the boolean mask (or causality) forbids. SDPA
+    then runs its kernels for arbitrary masks, not the fused causal one (docs/models.md)."""
+    length = bias.shape[-1]
+    if mask is None and causal:
+        mask = torch.ones(length, length, dtype=torch.bool, device=bias.device).tril()
+    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
 
 
 class Transformer(nn.Module):

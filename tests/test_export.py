@@ -31,12 +31,15 @@ VARIANTS = [
     ("encoder", {"norm_position": "post"}, "BertModel"),
     ("encoder", {"positions": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}, "LmpipeForLM"),
     ("encoder", {"positions": "sinusoidal"}, "LmpipeForLM"),
+    ("encoder", {"positions": "relative"}, "LmpipeForLM"),
     ("decoder", {}, "GPT2LMHeadModel"),
     ("decoder", {"norm_position": "post"}, "LmpipeForLM"),
     ("decoder", {"positions": "rope", "mlp": "swiglu"}, "LmpipeForLM"),
+    ("decoder", {"positions": "alibi"}, "LmpipeForLM"),
     ("encoder_decoder", {}, "LmpipeForLM"),
     ("encoder_decoder", {**T5, "n_decoder_layers": 3}, "LmpipeForLM"),
     ("encoder_decoder", {"share_encoder_decoder": True}, "LmpipeForLM"),
+    ("encoder_decoder", {"positions": "relative", "norm": "rmsnorm", "bias": False}, "LmpipeForLM"),
     ("prefix_lm", {}, "LmpipeForLM"),  # the input as the prefix, as fine-tuning reads it
 ]
 

@@ -22,6 +22,8 @@ VARIANTS = [
         ("gelu", "learned", "layernorm", "pre", True),
         ("swiglu", "rope", "rmsnorm", "pre", False),
         ("gelu", "sinusoidal", "layernorm", "post", True),
+        ("gelu", "alibi", "layernorm", "pre", True),
+        ("gelu", "relative", "rmsnorm", "pre", False),
     ]
 ]
 

@@ -206,6 +206,9 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     assert baselines["bart_noise"]["objectives.bart.noise"] == "text_infilling"
     assert baselines["span_density"]["objectives.span.noise_density"] == 0.15
     assert baselines["pooling"]["finetune.common.pooling.encoder"] == "cls"
+    assert baselines["positions"]["models"] == {
+        "encoder_learned": {"from": "encoder_mlm", "positions": "learned"}
+    }
     assert baselines["masking"] == {
         "models": "encoder_mlm",
         "pretrain.sampling": "epoch",

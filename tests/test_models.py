@@ -28,7 +28,9 @@ def changed_positions(before: torch.Tensor, after: torch.Tensor) -> list[int]:
 
 VARIANTS = [
     dict(positions=p, norm_position=n, mlp=m)
-    for p, n, m in itertools.product(["learned", "sinusoidal", "rope"], ["pre", "post"], ["gelu", "swiglu"])
+    for p, n, m in itertools.product(
+        ["learned", "sinusoidal", "rope", "alibi", "relative"], ["pre", "post"], ["gelu", "swiglu"]
+    )
 ]
 
 
@@ -43,7 +45,7 @@ def test_decoder_is_causal_and_encoder_bidirectional(variant) -> None:
     assert changed_positions(encoder(x), encoder(x2)) == list(range(12))
 
 
-@pytest.mark.parametrize("variant", VARIANTS[:4], ids=lambda v: "-".join(v.values()))
+@pytest.mark.parametrize("variant", VARIANTS[:4] + VARIANTS[-4:], ids=lambda v: "-".join(v.values()))
 def test_encoder_decoder_decoder_is_causal_and_sees_every_encoder_position(variant) -> None:
     model = model_of(arch="encoder_decoder", **variant)
     src, tgt = ids(2, length=10), ids(3, length=8)
@@ -76,12 +78,13 @@ def closed_form_parameters(cfg: ModelConfig) -> int:
     mlp = (2 if cfg.mlp == "swiglu" else 1) * (d * f + f * b) + f * d + d * b
     block = attention + mlp + 2 * norm
     total = v * d + (cfg.max_len * d if cfg.positions == "learned" else 0)
+    relative = 32 * cfg.n_heads if cfg.positions == "relative" else 0  # T5's table: 32 buckets, each stack
     if cfg.arch in ("encoder", "encoder_decoder"):
-        total += cfg.n_layers * block + norm
+        total += cfg.n_layers * block + norm + relative
     if cfg.arch == "decoder":
-        total += cfg.n_layers * block + norm
+        total += cfg.n_layers * block + norm + relative
     if cfg.arch == "encoder_decoder":
-        total += cfg.decoder_layers * (block + attention + norm) + norm
+        total += cfg.decoder_layers * (block + attention + norm) + norm + relative
     return total
 
 
@@ -92,6 +95,8 @@ def closed_form_parameters(cfg: ModelConfig) -> int:
         {},
         dict(mlp="swiglu", norm="rmsnorm", bias=False, positions="rope"),
         dict(positions="sinusoidal"),
+        dict(positions="alibi"),
+        dict(positions="relative", norm="rmsnorm"),
         dict(norm_position="post", bias=False),
     ],
 )
@@ -125,3 +130,50 @@ def test_config_rejects_conflicts() -> None:
         ModelConfig(arch="decoder", n_decoder_layers=2)
     with pytest.raises(ValueError, match="exceeds max_len=16"):
         model_of(arch="decoder")(ids(1, length=17))
+
+
+def test_alibi_and_relative_positions_are_the_papers_own() -> None:
+    """ALiBi's slopes as BLOOM computes them (any head count); T5's buckets as transformers' T5 does;
+    the bias itself: ALiBi's −slope·distance, T5's table entry of each (query, key)'s bucket."""
+    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from models.transformer import PositionBias, alibi_slopes, relative_buckets
+
+    assert transformers is not None
+    for heads in (1, 2, 4, 6, 8, 12, 16):
+        bloom = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), heads, torch.float32)
+        torch.testing.assert_close(alibi_slopes(heads), bloom[:, 0, 1])  # slope × position 1
+    relative = torch.arange(-300, 300)[None, :]
+    for bidirectional in (True, False):
+        t5 = T5Attention._relative_position_bucket(relative, bidirectional, num_buckets=32, max_distance=128)
+        assert torch.equal(relative_buckets(relative, bidirectional, 32, 128), t5)
+    alibi = PositionBias(SMALL.with_(positions="alibi"))(5, False, torch.device("cpu"))
+    # 4 heads: the first head's slope is 2^-2; the penalty is symmetric in a bidirectional stack
+    assert alibi.shape == (1, 4, 5, 5) and alibi[0, 0, 3, 0] == -0.25 * 3 == alibi[0, 0, 0, 3]
+    table = PositionBias(SMALL.with_(positions="relative"))
+    causal = table(5, True, torch.device("cpu"))
+    bucket = T5Attention._relative_position_bucket(torch.tensor(-3), False)  # key 3 before the query
+    assert torch.equal(causal[0, :, 4, 1], table.table.weight[bucket])
+
+
+@pytest.mark.parametrize(
+    ("arch", "objective", "positions"),
+    [
+        ("encoder", "mlm", "alibi"),
+        ("decoder", "clm", "relative"),
+        ("prefix_lm", "lm", "alibi"),
+        ("encoder_decoder", "span", "relative"),
+    ],
+)
+def test_attention_bias_positions_train_and_their_flops_are_counted(arch, objective, positions) -> None:
+    from lmpipe.params.pretrain import PretrainParams, objectives_params
+    from lmpipe.pretraining import train_config
+    from models.lightning import make_batch
+    from models.objectives.base import batch_generator
+    from tests.test_pairs import assert_learns, rows
+
+    train = train_config(arch, objective, PretrainParams(seq_len=24, batch_size=4), objectives_params(), 2)
+    model = SMALL.with_(arch=arch, positions=positions, max_len=64, vocab_size=400)
+    assert_learns(model, train, make_batch(rows(4, train.row_length()), train, batch_generator(2, 0), 400))

@@ -94,6 +94,26 @@ def t5_architectures(params: Mapping[str, Any]) -> Grid:
     return points
 
 
+def depth_width(params: Mapping[str, Any]) -> Grid:
+    """BERT's depth against width at equal FLOPs (12 × 768 against 6 × 1088), at the profile's size:
+    `encoder_mlm` as it is, and half its layers with its width (and MLP) times 1088/768, rounded to a
+    multiple of twice its heads (so that the head size stays even, as rotary positions need)."""
+    from lmpipe.params.models import ModelParams
+
+    models = params.get(MODELS_KEY) or {}
+    if "encoder_mlm" not in models:
+        raise PipelineError("preset depth_width: its rows are made from models.encoder_mlm, not found")
+    fields = ModelParams.model_validate(models["encoder_mlm"]).config_fields()
+    step = 2 * fields["n_heads"]
+    wide = {
+        "from": "encoder_mlm",
+        "n_layers": max(1, fields["n_layers"] // 2),
+        "d_model": max(step, round(fields["d_model"] * 1088 / 768 / step) * step),
+        "d_ff": round(fields["d_ff"] * 1088 / 768),
+    }
+    return [{MODELS_KEY: "encoder_mlm"}, {MODELS_KEY: {"encoder_wide": wide}}]
+
+
 def from_t5_model(name: str, objective: str) -> dict[str, Any]:
     return {MODELS_KEY: {name: {"from": T5_MODEL, "objective": objective}}}
 
@@ -101,8 +121,8 @@ def from_t5_model(name: str, objective: str) -> dict[str, Any]:
 # Named after the seeds' tables (../shared/seeds): BERT Table 5 (10-25 %, and 40 %, where Wettig et al.
 # 2023 found larger models better off) and its 80/10/10 ablation; the BERT, GPT and T5 systems side by
 # side; T5's architectures × objectives, its objectives, corruption rates and span lengths; BART's noise;
-# RoBERTa's static vs dynamic masking; positions; BERT's poolings for fine-tuning; GPT-1's auxiliary LM
-# loss.
+# RoBERTa's static vs dynamic masking; positions; depth against width; BERT's poolings for fine-tuning;
+# GPT-1's auxiliary LM loss.
 # A preset is a grid, or a function of the params a point starts from (the profile's sizes); a point
 # that leaves a swept key out keeps the params' value there.
 PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
@@ -147,6 +167,7 @@ PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
         {MODELS_KEY: {f"encoder_{kind}": {"from": "encoder_mlm", "positions": kind}}}
         for kind in ("learned", "sinusoidal", "rope", "alibi", "relative")
     ],
+    "depth_width": depth_width,
     # fine-tuning only: one pretrained encoder, its fine-tunes (and the scratch baselines) per pooling
     "pooling": {MODELS_KEY: ["encoder_mlm"], f"{POOLING}.encoder": ["cls", "mean", "max"]},
     "gpt1_aux_loss": {MODELS_KEY: ["decoder_clm"], LM_LOSS_WEIGHT: [0.5, 0.0]},
@@ -165,13 +186,14 @@ BASELINES: dict[str, dict[str, Any]] = {
     "bart_noise": {"objectives.bart.noise": "text_infilling"},
     "masking": {f"{MLM}.masking": "dynamic"},
     "positions": {MODELS_KEY: "encoder_learned"},
+    "depth_width": {MODELS_KEY: "encoder_mlm"},
     "pooling": {f"{POOLING}.encoder": "cls"},
     "gpt1_aux_loss": {LM_LOSS_WEIGHT: 0.5},
 }
 T5_TABLE_2 = "T5, Table 2"
 # the papers' tables: what the paper measured for a point against its baseline row, in GLUE average
 # points (MNLI accuracy for BART, whose table has no GLUE average; SST-2 for RoBERTa's): the seeds' (BERT's
-# Table 5, 100 % [MASK], positions and poolings; T5's Tables 2 and 4 and corruption rates; RoBERTa's
+# Table 5, 100 % [MASK], positions, depth and poolings; T5's Tables 2 and 4 and corruption rates; RoBERTa's
 # masking), and
 # three the seeds leave out, said so
 PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
@@ -216,6 +238,7 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
     ],
     "masking": [({f"{MLM}.masking": "static"}, 92.5 - 92.9, "RoBERTa, Table 1, SST-2 (MNLI-m +0.3)")],
     "positions": [({MODELS_KEY: "encoder_sinusoidal"}, -0.7, "BERT, learned vs sinusoidal positions")],
+    "depth_width": [({MODELS_KEY: "encoder_wide"}, 78.1 - 80.5, "BERT, 6 × 1088 vs 12 × 768")],
     "pooling": [
         ({f"{POOLING}.encoder": pooling}, average - 89.1, "BERT, pooling (MNLI, QQP, SST-2 average)")
         for pooling, average in (("mean", 88.3), ("max", 87.7))
@@ -227,7 +250,7 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
 # spends on its step budget, times its cost in COSTS (T5's Table 2: the half-depth encoder-decoder at
 # M/2). T5's objective tables and BART's train every row for the same steps, as the papers did.
-EQUAL_FLOPS = {"systems", "t5_architectures"}
+EQUAL_FLOPS = {"systems", "t5_architectures", "depth_width"}
 COSTS: dict[str, dict[str, float]] = {"t5_architectures": {"encdec_half_denoise": 0.5, "encdec_half_lm": 0.5}}
 
 

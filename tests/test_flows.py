@@ -206,6 +206,11 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     assert baselines["bart_noise"]["objectives.bart.noise"] == "text_infilling"
     assert baselines["span_density"]["objectives.span.noise_density"] == 0.15
     assert baselines["pooling"]["finetune.common.pooling.encoder"] == "cls"
+    # BERT's 12 × 768 against 6 × 1088 at the default's tiny encoder (2 × 128, 2 heads, MLP 512)
+    assert points["depth_width"] == [
+        {"models": "encoder_mlm"},
+        {"models": {"encoder_wide": {"from": "encoder_mlm", "n_layers": 1, "d_model": 180, "d_ff": 725}}},
+    ]
     assert baselines["positions"]["models"] == {
         "encoder_learned": {"from": "encoder_mlm", "positions": "learned"}
     }
@@ -462,6 +467,25 @@ def test_systems_preset_trains_every_point_on_the_baselines_flops() -> None:
     short = [validate(ROOT, [*point, "pretrain.warmup_steps=150"], "params.yaml") for point in overrides]
     with pytest.raises(PipelineError, match=r"^equal FLOPs: params.yaml: pretrain.max_flops: .* fewer than"):
         equal_flops_budget(short, 0)
+
+
+def test_depth_width_rows_have_the_same_block_weights_and_train_on_equal_flops() -> None:
+    """BERT's deep-narrow and shallow-wide encoders: the same matmul weights in their blocks (6·1088² ≈
+    12·768²), so the same FLOPs a token but the LM head's; the sweep gives both the baseline's FLOPs."""
+    from flows.profile import validate
+    from models.flops import block_weights
+
+    points = preset_points("depth_width")
+    overrides = [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in points]
+    validated = [validate(ROOT, point, "params.yaml") for point in overrides]
+    deep, wide = (
+        params.models[name].config_fields()
+        for params, name in zip(validated, ("encoder_mlm", "encoder_wide"), strict=True)
+    )
+    weights = [f["n_layers"] * block_weights(f["d_model"], f["d_ff"], "gelu") for f in (deep, wide)]
+    assert abs(weights[1] / weights[0] - 1) < 0.01, weights
+    _, words = equal_flops_budget(validated, baseline_index(points, None, "depth_width"))
+    assert words.endswith("what encoder_mlm spends on its 200 steps")
 
 
 def test_t5_table_rows_have_the_tables_parameters_and_costs() -> None:

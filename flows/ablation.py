@@ -38,12 +38,14 @@ from flows.sweep import (
     Pool,
     Profile,
     Repo,
+    SetParams,
     Sweep,
     SweepName,
     command_line,
     png,
     point_overrides,
     points_at_once,
+    set_overrides,
     text,
 )
 from lmpipe.layout import INITS
@@ -660,6 +662,7 @@ def ablation(
     profile: Profile = None,
     corpus: Corpus = None,
     glue: Glue = None,
+    set_params: SetParams = None,
     pool: Pool = None,
     dvc_remote: DvcRemote = None,
     git_remote: GitRemote = "origin",
@@ -667,7 +670,8 @@ def ablation(
     """Run every point of `grid` (or of a named preset) as a DVC experiment; compare them, each against
     the `baseline` point (the values that identify it; by default the preset's, else the first point).
     With a `profile` (flows/profiles/<name>.yaml, its folders `corpus` and `glue`) every point runs on
-    the profile's params, the point's values on top.
+    the profile's params, the point's values on top; `set_params` go between the two (a preset's table
+    at another budget: its rows are made from the params they start from).
 
     With a `pool`, every point is a flow run of the deployment `ablation-point-<pool>` on any worker
     of that work pool (flows/dispatch.py): the committed and pushed HEAD, results through the
@@ -679,7 +683,7 @@ def ablation(
     """
     logger = get_run_logger()
     at_once = points_at_once(max_parallel, pool)
-    sweep = Sweep("ablation", repo, name, at_once, profile, corpus, glue, prefix=preset or "sweep")
+    sweep = Sweep("ablation", repo, name, at_once, profile, corpus, glue, preset or "sweep", set_params)
     points_spec = resolve_grid(preset, grid, sweep.params)
     values = expand(points_spec)
     overrides = [sweep.overrides(point) for point in values]
@@ -701,6 +705,8 @@ def ablation(
     ]
     tags = {"preset": preset or ""}
     grid_params = {"grid": json.dumps(points_spec), "swept": ",".join(swept)}
+    if set_params:
+        grid_params["set_params"] = json.dumps(set_params)
     points = sweep.start(planned, tags, {}, grid_params, pool, git_remote, dvc_remote)
     logger.info("sweep %s: %d points over %s, %d at once", sweep.name, len(points), swept or keys, at_once)
 
@@ -770,10 +776,17 @@ def check(arguments: dict[str, Any]) -> None:
     repo_dir = Path(arguments["repo"]).resolve()
     params_file = repo_dir / PARAMS_FILE
     params, origin = read_params_yaml(params_file) or {}, None
-    if arguments["profile"]:  # a point starts from the profile's params: its keys are the ones to check
-        origin = f"profile {arguments['profile']}"
-        on_profile = profiles.overrides(arguments["profile"], arguments["corpus"], arguments["glue"])
+    set_params = arguments["set_params"]
+    if set_params is not None and not isinstance(set_params, dict):
+        raise PipelineError('--set-params: give an object of values, e.g. {"pretrain.max_steps": 1000}')
+    if arguments["profile"] or set_params:  # a point starts from these params: its keys are the ones to check
+        origin = f"profile {arguments['profile']}" if arguments["profile"] else str(params_file)
+        on_profile = set_overrides(set_params)
+        if arguments["profile"]:
+            on_profile[:0] = profiles.overrides(arguments["profile"], arguments["corpus"], arguments["glue"])
         params = profiles.applied(repo_dir, on_profile, origin)
+        if set_params:  # a bad key or value is one line here, before any flow starts
+            profiles.parsed(params, f"{origin} with --set-params")
     values = expand(resolve_grid(arguments["preset"], arguments["grid"], params))
     for point in values:
         point_overrides(point, params, params_file, origin)

@@ -85,6 +85,13 @@ Glue = Annotated[str | None, Option("the profile's GLUE folder")]
 Pool = Annotated[str | None, Option("run every point as a flow run on this Prefect work pool")]
 DvcRemote = Annotated[str | None, Option("with --pool: the DVC remote (default: the project's default)")]
 GitRemote = Annotated[str, Option("with --pool: the git remote (default origin)")]
+SetParams = Annotated[
+    dict[str, Any] | None,
+    Option(
+        "JSON: params values every point starts from, on top of the profile's (as dvc exp run -S), e.g. "
+        '{"models.encdec_span.pretrain.max_steps": 1000}'
+    ),
+]
 
 
 def _option_type(annotation: Any) -> tuple[Any, Option]:
@@ -348,6 +355,11 @@ def points_at_once(max_parallel: int | None, pool: str | None) -> int:
 # --- the sweep -----------------------------------------------------------------------------------
 
 
+def set_overrides(set_params: Mapping[str, Any] | None) -> list[str]:
+    """`--set-params` as overrides: each dotted key set (or added) to its value."""
+    return [f"++{key}={hydra_value(value)}" for key, value in (set_params or {}).items()]
+
+
 class Sweep:
     """One sweep from its options to its report: `plan` its points on the project's params (a profile
     applied), `start` its MLflow parent and a child per point, `run` the points, `publish` the report,
@@ -363,6 +375,7 @@ class Sweep:
         corpus: str | None = None,
         glue: str | None = None,
         prefix: str | None = None,
+        set_params: Mapping[str, Any] | None = None,
     ) -> None:
         self.kind = kind  # its MLflow parent's `stage` tag
         self.repo_dir = Path(repo).resolve()
@@ -373,8 +386,13 @@ class Sweep:
             raise PipelineError("max_parallel must be at least 1")
         self.max_parallel = max_parallel
         self.params_file = self.repo_dir / PARAMS_FILE
-        self.on_profile = profiles.overrides(profile, corpus, glue) if profile else []
+        self.on_profile = [
+            *(profiles.overrides(profile, corpus, glue) if profile else []),
+            *set_overrides(set_params),
+        ]
         self.origin = f"profile {profile}" if profile else str(self.params_file)
+        if set_params:
+            self.origin += " with --set-params"
         self.params = profiles.applied(self.repo_dir, self.on_profile, self.origin)  # as a point starts
         self.out = self.repo_dir / REPORTS / self.name
         self.tracking: FlowTracking | None = None

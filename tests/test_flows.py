@@ -131,7 +131,13 @@ def test_a_point_may_set_a_key_that_only_its_profile_has(tmp_path: Path) -> None
 
     (tmp_path / "SST-2").mkdir()
     decoder = {"models": "decoder_clm", "models.decoder_clm.pretrain.max_steps": 6800}
-    arguments = {"repo": str(ROOT), "preset": None, "baseline": None, "profile": "real-cpu"}
+    arguments = {
+        "repo": str(ROOT),
+        "preset": None,
+        "baseline": None,
+        "profile": "real-cpu",
+        "set_params": None,
+    }
     arguments |= {"corpus": str(tmp_path), "glue": str(tmp_path), "grid": [decoder]}
     check(arguments)
 
@@ -152,6 +158,31 @@ def test_a_point_may_set_a_key_that_only_its_profile_has(tmp_path: Path) -> None
         "grid key 'models.decoder_clm.pretrain.max_steps': the point does not train decoder_clm "
         "(models: ['encoder_mlm'])"
     )
+
+
+def test_set_params_give_a_presets_rows_another_budget(tmp_path: Path) -> None:
+    """`--set-params` go between the profile and the points: T5's objective rows, made from
+    encdec_span, take the budget set for it; a bad key is one line before any flow starts."""
+    from flows.ablation import check
+    from flows.sweep import Sweep
+
+    (tmp_path / "SST-2").mkdir()
+    budget = {"models.encdec_span.pretrain.max_steps": 1000}
+    sweep = Sweep("ablation", str(ROOT), "t", 1, "real-cpu", str(tmp_path), str(tmp_path), set_params=budget)
+    points = expand(resolve_grid("t5_objectives", None, sweep.params))
+    steps = {
+        name: sweep.validate(sweep.overrides(point)).pretrain_of(name).max_steps
+        for point in points
+        for name in point["models"]
+    }
+    assert steps == {"bert_style": 1000, "mass_style": 1000, "replace_spans": 1000, "drop": 1000}
+    arguments = {"repo": str(ROOT), "preset": "t5_objectives", "baseline": None, "grid": None}
+    arguments |= {"profile": "real-cpu", "corpus": str(tmp_path), "glue": str(tmp_path)}
+    check(arguments | {"set_params": budget})
+    with pytest.raises(PipelineError) as caught:
+        check(arguments | {"set_params": {"models.encdec_span.pretrain.max_step": 1000}})
+    assert str(caught.value).startswith("profile real-cpu with --set-params: models.encdec_span.pretrain")
+    assert "max_step" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def preset_points(name: str, params: dict = DEFAULT_PARAMS) -> list[dict]:

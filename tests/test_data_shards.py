@@ -203,6 +203,13 @@ def test_pack_on_every_core_and_a_dask_cluster_gives_the_bytes_of_one_process(
     with on_a_local_cluster(sharded):
         pack.main()
     assert tokens(sharded) == packed
+    # with the sentence index: its offsets are each shard's, shifted by the shards before it
+    sharded.set("pack.sentences", True)
+    pack.main()
+    with_index = tokens(sharded)
+    monkeypatch.setattr(packing, "POOL_DOCS", 10**9)
+    pack.main()
+    assert tokens(sharded) == with_index and "train.sentences.bin" in with_index
 
 
 def test_an_interrupted_pack_resumes_from_its_finished_shards(

@@ -115,3 +115,58 @@ def test_a_repeated_source_is_copied_into_the_training_tokens_only(tmp_path) -> 
     ]
     extra_texts = {sp.decode(sp.encode(row["text"])) for row in clean if row["source"] == "extra"}
     assert set(copied) == extra_texts - set(once["val"])
+
+
+def test_sentence_pieces_join_back_into_the_text() -> None:
+    from lmpipe.data.packing import sentence_pieces
+
+    text = "Mr. Smith went to Washington. He said, e.g., it was big!\n\nChapter II\n \nIt rained. "
+    text += "Ünïcödé façade."
+    pieces = sentence_pieces(text)
+    assert "".join(pieces) == text
+    assert [p.strip() for p in pieces] == [
+        "Mr. Smith went to Washington.",
+        "He said, e.g., it was big!",
+        "Chapter II",  # a paragraph break ends a sentence, a heading's too
+        "It rained.",
+        "Ünïcödé façade.",
+    ]
+    assert sentence_pieces("one unpunctuated line") == ["one unpunctuated line"]
+
+
+def test_sentences_keep_where_documents_and_sentences_start(tmp_path) -> None:
+    """With `pack.sentences`, the documents read as without it, and the index beside the tokens says
+    where each document and sentence starts, for the repeated copies too; without it, no index."""
+    workdir = Workdir(tmp_path)
+    run_stages(workdir, "sample")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    for i in range(3):
+        (extra / f"{i}.txt").write_text("\n\n".join(prose(100 * i + j, 60) for j in range(4)))
+    sample = workdir.params["ingest"]["sources"]["sample"]
+    workdir.sources(sample=sample, extra={"path": "extra", "include": ["*.txt"], "split_by": "file"})
+    workdir.set("pack.repeat", {"extra": 2})
+    run_stages(workdir, "ingest", "clean", "tokenizer", "pack")
+    whole = {split: documents(workdir, split) for split in ("train", "val")}
+    assert not list((tmp_path / "data/tokens").glob("*.sentences.bin"))
+
+    workdir.set("pack.sentences", True)
+    run_stages(workdir, "pack")
+    meta, arrays = shards(workdir)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "data/tokenizer/spm.model"))
+    for split in ("train", "val"):
+        assert documents(workdir, split) == whole[split]  # the same texts, sentence by sentence
+        ids = np.asarray(arrays[split])
+        doc_starts = np.fromfile(tmp_path / f"data/tokens/{split}.documents.bin", np.int64)
+        sentence_starts = np.fromfile(tmp_path / f"data/tokens/{split}.sentences.bin", np.int64)
+        eos = np.flatnonzero(ids == meta["eos_id"])
+        assert doc_starts.tolist() == [0, *(eos[:-1] + 1).tolist()]  # copies included
+        assert (
+            len(doc_starts)
+            == meta[split]["documents"] + (split == "train") * meta["sources"]["extra"]["documents"]
+        )
+        assert len(sentence_starts) == meta[split]["sentences"] > 2 * len(doc_starts)
+        assert np.all(np.diff(sentence_starts) > 0) and set(doc_starts) <= set(sentence_starts)
+        sentences = [sp.decode(part.tolist()) for part in np.split(ids, sentence_starts[1:])]
+        assert all(len(s.split()) < 60 for s in sentences[:200])  # sentences, not paragraphs
+        assert sum(s.rstrip().endswith((".", "!", "?")) for s in sentences) > 0.7 * len(sentences)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import re
 import shutil
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -13,6 +15,7 @@ from functools import cache, partial
 from pathlib import Path
 from typing import TypeVar
 
+import blingfire
 import numpy as np
 import pyarrow.parquet as pq
 import sentencepiece as spm
@@ -31,6 +34,9 @@ from lmpipe.runtime import (
 )
 
 SPLITS = ("train", "val")
+# with pack.sentences, beside each split's tokens: where its documents and its sentences start (int64
+# token offsets into <split>.bin, ascending)
+DOCUMENTS, SENTENCES = ".documents.bin", ".sentences.bin"
 
 
 POOL_DOCS = 200_000  # from this many documents on, a process per core (or a cluster) encodes the shards
@@ -69,6 +75,51 @@ def encode_batch(
     return flat_ids(encoded, dtype), np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
 
 
+PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+
+
+def sentence_pieces(text: str) -> list[str]:
+    """The text cut where its sentences start, the pieces joining back into it: at paragraph breaks,
+    then inside each paragraph where blingfire's rule-based splitter (the kind BERT's data creation
+    used) ends a sentence."""
+    starts, begin = [0], 0
+    for end, after in [
+        *((b.start(), b.end()) for b in PARAGRAPH_BREAK.finditer(text)),
+        (len(text), len(text)),
+    ]:
+        if text[begin:end].strip():
+            _, offsets = blingfire.text_to_sentences_and_offsets(text[begin:end])
+            starts += [begin + first for first, _ in offsets if begin + first > starts[-1]]
+        begin = after
+    bounds = [*starts, len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def encode_sentences(
+    processor: spm.SentencePieceProcessor, dtype: np.dtype, texts: list[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`encode_batch`'s ids and document lengths, each document encoded sentence by sentence; and each
+    sentence's length (a document's EOS counted in its last) and each document's number of them. The
+    ids are whole-document encoding's but where a piece's edge moves a token boundary."""
+    pieces = [sentence_pieces(text) for text in texts]
+    encoded = iter(processor.encode([p for doc in pieces for p in doc], out_type=int, num_threads=1))
+    eos = processor.eos_id()
+    documents, sentence_lengths, per_document = [], [], []
+    for doc in pieces:
+        sentences = [ids for ids in itertools.islice(encoded, len(doc)) if ids] or [[]]
+        sentences[-1] = [*sentences[-1], eos]
+        documents.append(list(itertools.chain.from_iterable(sentences)))
+        sentence_lengths += map(len, sentences)
+        per_document.append(len(sentences))
+    lengths = np.fromiter(map(len, documents), dtype=np.int64, count=len(documents))
+    return flat_ids(documents, dtype), lengths, np.array(sentence_lengths, np.int64), np.array(per_document)
+
+
+def starts(lengths: np.ndarray, at: int) -> np.ndarray:
+    """Where each of these back-to-back spans starts, the first at `at`."""
+    return at + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else lengths
+
+
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Iterator[R]:
     """`map` on a thread pool, in order, with a bounded number of items in flight."""
     with ThreadPoolExecutor(threads) as executor:
@@ -91,6 +142,7 @@ class Job:
     batch_documents: int
     work: str  # absolute: workers on a cluster run elsewhere
     repeat: dict[str, int]  # a source's copies in train.bin (pack.repeat); others once
+    sentences: bool  # pack.sentences: documents encoded sentence by sentence, their starts indexed
 
     def folder(self, shard: Shard) -> Path:
         return Path(self.work) / f"{shard.index:06d}"
@@ -112,10 +164,15 @@ def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict:
     folder = job.folder(shard)
     if folder.exists():  # finished by an earlier, interrupted run
         return json.loads((folder / "counts.json").read_text())
-    encode = partial(encode_batch, _processor(job.model_file), np.dtype(job.dtype))
+    encoder = encode_sentences if job.sentences else encode_batch
+    encode = partial(encoder, _processor(job.model_file), np.dtype(job.dtype))
     counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
+    if job.sentences:
+        for split in SPLITS:
+            counts[split]["sentences"] = 0
     sources: dict[str, dict[str, int]] = {}
-    copies: list[tuple[np.ndarray, int]] = []  # a repeated training document's ids, and its repeat
+    # a repeated training document's ids, its repeat and its sentences' lengths
+    copies: list[tuple[np.ndarray, int, np.ndarray]] = []
     start = 0
     with pq.ParquetFile(shard.path) as table_file, atomic_dir(folder) as tmp:
         batches = table_file.iter_batches(
@@ -123,20 +180,33 @@ def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict:
         )
         columns = ((b.column(0).to_pylist(), b.column(1).to_pylist()) for b in batches)
         encoded = ordered_map(lambda c: (encode(c[0]), c[1]), columns, job.threads)
-        with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
-            for (ids, lengths), doc_sources in encoded:
+        with contextlib.ExitStack() as files:
+            handles = {
+                (split, kind): files.enter_context(open(tmp / f"{split}{kind}", "wb"))
+                for split in SPLITS
+                for kind in (".bin", *((DOCUMENTS, SENTENCES) if job.sentences else ()))
+            }
+            for (ids, lengths, *sentences), doc_sources in encoded:
                 doc_is_val = is_val[start : start + len(lengths)]
                 start += len(lengths)
                 token_is_val = np.repeat(doc_is_val, lengths)
-                for split, handle, picked, docs in (
-                    ("train", train, ~token_is_val, ~doc_is_val),
-                    ("val", val, token_is_val, doc_is_val),
+                for split, picked, docs in (
+                    ("train", ~token_is_val, ~doc_is_val),
+                    ("val", token_is_val, doc_is_val),
                 ):
                     chosen = ids[picked]
-                    chosen.tofile(handle)
+                    if job.sentences:  # where the chosen documents and sentences start in the split
+                        sentence_lengths, per_document = sentences
+                        at = counts[split]["tokens"]
+                        starts(lengths[docs], at).tofile(handles[split, DOCUMENTS])
+                        kept = sentence_lengths[np.repeat(docs, per_document)]
+                        starts(kept, at).tofile(handles[split, SENTENCES])
+                        counts[split]["sentences"] += len(kept)
+                    chosen.tofile(handles[split, ".bin"])
                     counts[split]["documents"] += int(docs.sum())
                     counts[split]["tokens"] += len(chosen)
                 ends = np.cumsum(lengths)
+                sentence_ends = np.cumsum(sentences[1]) if job.sentences else None
                 for doc, (source, end, length) in enumerate(zip(doc_sources, ends, lengths, strict=True)):
                     if doc_is_val[doc]:
                         continue
@@ -144,11 +214,19 @@ def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict:
                     tally["documents"] += 1
                     tally["tokens"] += int(length)
                     if job.repeat.get(source, 1) > 1:
-                        copies.append((ids[end - length : end], job.repeat[source]))
-            for copy in range(1, max((times for _, times in copies), default=1)):
-                for doc_ids, times in copies:
+                        own = np.empty(0, np.int64)
+                        if job.sentences:
+                            own = sentences[0][sentence_ends[doc] - sentences[1][doc] : sentence_ends[doc]]
+                        copies.append((ids[end - length : end], job.repeat[source], own))
+            for copy in range(1, max((times for _, times, _ in copies), default=1)):
+                for doc_ids, times, sentence_lengths in copies:
                     if times > copy:
-                        doc_ids.tofile(train)
+                        if job.sentences:
+                            at = counts["train"]["tokens"]
+                            np.array([at], np.int64).tofile(handles["train", DOCUMENTS])
+                            starts(sentence_lengths, at).tofile(handles["train", SENTENCES])
+                            counts["train"]["sentences"] += len(sentence_lengths)
+                        doc_ids.tofile(handles["train", ".bin"])
                         counts["train"]["tokens"] += len(doc_ids)
         counts["sources"] = sources
         (tmp / "counts.json").write_text(json.dumps(counts))
@@ -171,7 +249,13 @@ def pack(
     workers, threads = (cores, 1) if spread else (1, cores)
     dtype = token_dtype(vocab_size).name
     job = Job(
-        str(model_file.resolve()), dtype, threads, cfg.batch_documents, str(PACK_WORK.resolve()), cfg.repeat
+        str(model_file.resolve()),
+        dtype,
+        threads,
+        cfg.batch_documents,
+        str(PACK_WORK.resolve()),
+        cfg.repeat,
+        cfg.sentences,
     )
     resume.prepare(
         PACK_WORK, resume.fingerprint([cfg.model_dump(), seed], [*documents, model_file], "stages.pack")
@@ -179,14 +263,17 @@ def pack(
     done = sum(job.folder(s).exists() for s in shards)
     if done:
         log.info("pack: resuming: %d of %d shards were encoded by an interrupted run", done, len(shards))
-    counts: dict = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
+    tallied = ("documents", "tokens", "sentences") if cfg.sentences else ("documents", "tokens")
+    counts: dict = {split: dict.fromkeys(tallied, 0) for split in SPLITS}
     sources: dict[str, dict[str, int]] = {}
     meter = Meter("pack", total_docs=n_docs)
     tasks = [(s, is_val[s.offset : s.offset + s.rows]) for s in shards]
     results = shard_map(partial(encode_shard, job), tasks, workers, scheduler, "pack")
+    split_tokens = []  # each shard's tokens by split: where its index offsets start in the whole
     for shard, shard_counts in zip(shards, results, strict=True):
+        split_tokens.append({split: shard_counts[split]["tokens"] for split in SPLITS})
         for split in SPLITS:
-            for key in ("documents", "tokens"):
+            for key in tallied:
                 counts[split][key] += shard_counts[split][key]
         for source, tally in shard_counts["sources"].items():
             total = sources.setdefault(source, {"documents": 0, "tokens": 0})
@@ -199,5 +286,11 @@ def pack(
             for shard in shards:
                 with open(job.folder(shard) / f"{split}.bin", "rb") as part:
                     shutil.copyfileobj(part, out, 16 << 20)
+        for index in (DOCUMENTS, SENTENCES) if cfg.sentences else ():
+            with open(out_dir / f"{split}{index}", "wb") as out:
+                at = 0  # a shard's offsets are into its own tokens: shifted by the shards before it
+                for shard, tokens in zip(shards, split_tokens, strict=True):
+                    (np.fromfile(job.folder(shard) / f"{split}{index}", np.int64) + at).tofile(out)
+                    at += tokens[split]
     counts["sources"] = dict(sorted(sources.items()))
     return counts

@@ -116,6 +116,28 @@ def depth_width(params: Mapping[str, Any]) -> Grid:
     return [{MODELS_KEY: "encoder_mlm"}, {MODELS_KEY: {"encoder_wide": wide}}]
 
 
+def input_format(params: Mapping[str, Any]) -> Grid:
+    """RoBERTa's Table 2: the encoder of `encoder_mlm` with BERT's segment embeddings, on the packed data
+    with its sentence index, in each input format (the pairs with BERT's next-sentence prediction)."""
+    models = params.get(MODELS_KEY) or {}
+    if "encoder_mlm" not in models:
+        raise PipelineError("preset input_format: its rows are made from models.encoder_mlm, not found")
+    own = models["encoder_mlm"].get("pretrain") or {}
+    return [
+        {
+            MODELS_KEY: {
+                f"encoder_{fmt}": {
+                    "from": "encoder_mlm",
+                    "segment_embeddings": True,
+                    "pretrain": {**own, "input_format": fmt},
+                }
+            },
+            "pack.sentences": True,
+        }
+        for fmt in ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences")
+    ]
+
+
 def from_t5_model(name: str, objective: str) -> dict[str, Any]:
     return {MODELS_KEY: {name: {"from": T5_MODEL, "objective": objective}}}
 
@@ -123,8 +145,8 @@ def from_t5_model(name: str, objective: str) -> dict[str, Any]:
 # Named after the seeds' tables (../shared/seeds): BERT Table 5 (10-25 %, and 40 %, where Wettig et al.
 # 2023 found larger models better off) and its 80/10/10 ablation; the BERT, GPT and T5 systems side by
 # side; T5's architectures × objectives, its objectives, corruption rates and span lengths; BART's noise;
-# RoBERTa's static vs dynamic masking; positions; depth against width; BERT's poolings for fine-tuning;
-# GPT-1's auxiliary LM loss.
+# RoBERTa's input formats and static vs dynamic masking; positions; depth against width; BERT's poolings
+# for fine-tuning; GPT-1's auxiliary LM loss.
 # A preset is a grid, or a function of the params a point starts from (the profile's sizes); a point
 # that leaves a swept key out keeps the params' value there.
 PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
@@ -170,6 +192,7 @@ PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
         for kind in ("learned", "sinusoidal", "rope", "alibi", "relative")
     ],
     "depth_width": depth_width,
+    "input_format": input_format,
     # fine-tuning only: one pretrained encoder, its fine-tunes (and the scratch baselines) per pooling
     "pooling": {MODELS_KEY: ["encoder_mlm"], f"{POOLING}.encoder": ["cls", "mean", "max"]},
     "gpt1_aux_loss": {MODELS_KEY: ["decoder_clm"], LM_LOSS_WEIGHT: [0.5, 0.0]},
@@ -189,6 +212,7 @@ BASELINES: dict[str, dict[str, Any]] = {
     "masking": {f"{MLM}.masking": "dynamic"},
     "positions": {MODELS_KEY: "encoder_learned"},
     "depth_width": {MODELS_KEY: "encoder_mlm"},
+    "input_format": {MODELS_KEY: "encoder_segment_pair"},
     "pooling": {f"{POOLING}.encoder": "cls"},
     "gpt1_aux_loss": {LM_LOSS_WEIGHT: 0.5},
 }
@@ -196,7 +220,7 @@ T5_TABLE_2 = "T5, Table 2"
 # the papers' tables: what the paper measured for a point against its baseline row, in GLUE average
 # points (MNLI accuracy for BART, whose table has no GLUE average; SST-2 for RoBERTa's): the seeds' (BERT's
 # Table 5, 100 % [MASK], positions, depth and poolings; T5's Tables 2 and 4 and corruption rates; RoBERTa's
-# masking), and
+# masking and input formats), and
 # three the seeds leave out, said so
 PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
     "masking_rate": [
@@ -241,6 +265,14 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
     "masking": [({f"{MLM}.masking": "static"}, 92.5 - 92.9, "RoBERTa, Table 1, SST-2 (MNLI-m +0.3)")],
     "positions": [({MODELS_KEY: "encoder_sinusoidal"}, -0.7, "BERT, learned vs sinusoidal positions")],
     "depth_width": [({MODELS_KEY: "encoder_wide"}, 78.1 - 80.5, "BERT, 6 × 1088 vs 12 × 768")],
+    "input_format": [
+        ({MODELS_KEY: f"encoder_{fmt}"}, sst2 - 92.9, f"RoBERTa, Table 2, SST-2 (MNLI-m {mnli - 84.0:+.1f})")
+        for fmt, sst2, mnli in (
+            ("sentence_pair", 92.1, 82.9),
+            ("full_sentences", 92.5, 84.7),
+            ("doc_sentences", 92.7, 84.7),
+        )
+    ],
     "pooling": [
         ({f"{POOLING}.encoder": pooling}, average - 89.1, "BERT, pooling (MNLI, QQP, SST-2 average)")
         for pooling, average in (("mean", 88.3), ("max", 87.7))

@@ -91,13 +91,15 @@ def resumable(resume_dir: Path, run_fingerprint: str, is_rank_zero: bool) -> Ite
 
 def export(model_cfg: Any, state: dict[str, Any], out: Path, extra: dict[str, Any]) -> None:
     """The model's weights from the Lightning module's whole `state` (gathered from every process under
-    FSDP) and its config, as later stages load them."""
+    FSDP; a pretraining head such as the pair head left out) and its config, as later stages load them."""
     from safetensors.torch import save_model
 
     from models.transformer import Transformer
 
     model = Transformer(model_cfg)
-    model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()})
+    model.load_state_dict(
+        {key.removeprefix("model."): value for key, value in state.items() if key.startswith("model.")}
+    )
     with atomic_dir(out) as tmp:
         save_model(model, str(tmp / WEIGHTS))  # save_model stores tied weights once
         (tmp / WEIGHTS).chmod(0o644)
@@ -229,6 +231,8 @@ def summarise(
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     steps, micro_batches = trainer.global_step, run.accumulate * trainer.world_size
     budget = "max_flops" if run.max_flops else "max_steps"
+    pair = module.cfg.pair_loss()
+    paired = {} if pair == "none" else {f"val_{pair}_accuracy": metrics.get(f"val/{pair}_accuracy")}
     return {
         "steps": steps,
         "stopped_by": budget if steps >= module.cfg.max_steps else "max_minutes",
@@ -241,4 +245,5 @@ def summarise(
         "val_loss": metrics.get("val/loss"),
         f"val_{objective}_perplexity": metrics.get(f"val/{objective}_perplexity"),
         f"val_{objective}_accuracy": metrics.get(f"val/{objective}_accuracy"),
+        **paired,  # a pair format's head (BERT's next-sentence prediction)
     }

@@ -31,6 +31,9 @@ class ModelConfig:
     # learned / sinusoidal: added to the embeddings; rope: rotates queries and keys; alibi, relative
     # (T5's bucketed bias): added to the self-attention logits
     positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative"] = "learned"
+    # BERT's A/B embeddings: a token after the first [SEP] of its row is segment B (pretraining's
+    # sentence pairs, fine-tuning's sentence-pair tasks); read from the ids, so no input carries them
+    segment_embeddings: bool = False
     bias: bool = True
     norm_eps: float = field(default=1e-5, metadata={"gt": 0.0})
     init_std: float = field(default=0.02, metadata={"gt": 0.0})

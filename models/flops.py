@@ -52,9 +52,13 @@ def lengths(train: TrainConfig, objective: Objective, args: Args) -> tuple[int, 
 
 
 def example_batch(train: TrainConfig, objective: Objective, args: Args) -> dict[str, Tensor]:
-    """A batch of the pair's shapes as the architecture has it, on the meta device."""
+    """A batch of the pair's shapes as the architecture has it, on the meta device (with a pair
+    format's labels, for its head)."""
     widths = objective.widths(train.seq_len, args)
-    return ARCHITECTURES[train.arch].example_batch(train.batch_size, objective.kind, *widths)
+    batch = ARCHITECTURES[train.arch].example_batch(train.batch_size, objective.kind, *widths)
+    if train.pair_loss() != "none":
+        batch["pair_labels"] = torch.zeros(train.batch_size, dtype=torch.long, device="meta")
+    return batch
 
 
 def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
@@ -66,7 +70,7 @@ def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     for share, objective, args in components(train):
         counter = FlopCounterMode(display=False)
         with counter:
-            loss, _, _ = module.loss(example_batch(train, objective, args))
+            loss, _, _ = module.training_loss(example_batch(train, objective, args))
             loss.backward()
         total += share * counter.get_total_flops()
     return round(total)
@@ -100,4 +104,6 @@ def _estimate(model: ModelConfig, train: TrainConfig, tokens: tuple[int, int, fl
             forward += 2 * b * u * layers * 2 * d * d + 2 * b * t * layers * 2 * d * d
             forward += layers * 4 * b * u * t * d
     forward += 2 * round(predicted * b) * d * model.vocab_size
+    if train.pair_loss() != "none":  # BERT's pooler and the two-way classifier on each [CLS]
+        forward += 2 * b * d * d + 2 * b * d * 2
     return 3 * forward

@@ -46,7 +46,8 @@ class HFLayout:
 def _standard(model: Transformer) -> bool:
     """Learned positions, LayerNorm with bias, GELU, biases: what GPT-2, BERT and XLM-R XL compute."""
     cfg = model.cfg
-    return (cfg.positions, cfg.norm, cfg.mlp, cfg.bias) == ("learned", "layernorm", "gelu", True)
+    standard = (cfg.positions, cfg.norm, cfg.mlp, cfg.bias) == ("learned", "layernorm", "gelu", True)
+    return standard and not cfg.segment_embeddings  # ours come from the ids, not token_type_ids
 
 
 def hf_layout(model: Transformer) -> HFLayout:
@@ -220,6 +221,7 @@ def _remote(model: Transformer) -> HFLayout:
         "mlp": cfg.mlp != "gelu",
         "bias": not cfg.bias,
         "norm_position": cfg.arch == "decoder" and cfg.norm_position == "post",
+        "segment_embeddings": cfg.segment_embeddings,
     }
     named = [f"{key}={getattr(cfg, key)}" for key, different in differs.items() if different]
     if cfg.arch == "encoder_decoder":

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
+from models.input_formats import PAIR_FORMATS, InputFormat, Rows, SentenceIndex, format_rows
 from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
 from models.pair import stacked_pairs
@@ -54,6 +55,13 @@ class TrainConfig:
     beta2: float
     sampling: Literal["random", "epoch"]
     val_batches: int
+    input_format: InputFormat = "full_sentences"  # RoBERTa's; all but full_sentences read the sentence index
+
+    def pair_loss(self) -> str:
+        """The loss on a pair format's [CLS] (`objectives.mlm.pair_loss`), or none."""
+        if self.input_format not in PAIR_FORMATS:
+            return "none"
+        return self.objective_args.get("pair_loss", "none")
 
     def row_length(self) -> int:
         """Tokens read per row: the inputs, plus the shifted target (CLM) or what span corruption removes."""
@@ -66,6 +74,7 @@ def make_batch(
     generator: torch.Generator,
     vocab_size: int,
     row_epochs: list[tuple[int, int]] | None = None,
+    formatted: Rows | None = None,
 ) -> dict[str, Tensor]:
     """The objective's pair of the rows, as the architecture's batch; a mixture's component drawn by
     its share from the batch's stream first, the rows cut to the length it reads. With static masking
@@ -77,6 +86,11 @@ def make_batch(
         shares = torch.tensor([share for share, _, _ in parts], dtype=torch.float64)
         _, objective, args = parts[int(torch.multinomial(shares, 1, generator=generator))]
     rows = rows[:, : objective.row_length(cfg.seq_len, args)]
+    if formatted is not None:  # an input format's rows: short ones padded, pairs with their labels
+        pair = objective.pair(rows, args, generator, vocab_size)
+        pair.input_lengths = formatted.lengths  # aligned pairs: the padding is never noise (a special id)
+        batch = ARCHITECTURES[cfg.arch].batch(pair)
+        return batch if formatted.pair_labels is None else batch | {"pair_labels": formatted.pair_labels}
     copies = objective.static_copies(args)
     if copies is None or row_epochs is None:
         return ARCHITECTURES[cfg.arch].batch(objective.pair(rows, args, generator, vocab_size))
@@ -90,6 +104,12 @@ def make_batch(
 def static_generator(seed: int, row: int, copy: int) -> torch.Generator:
     """The noise stream of one row of the packed data in one of static masking's copies."""
     return torch.Generator().manual_seed(derived_seed(seed, STATIC_STREAM, row, copy))
+
+
+def formatted_rows(index: SentenceIndex, cfg: TrainConfig, generator: torch.Generator) -> Rows:
+    """A micro-batch's rows in the config's input format, from the sentence index."""
+    fmt, loss = cfg.input_format, cfg.pair_loss()
+    return format_rows(index, fmt, loss, cfg.batch_size, cfg.row_length(), generator)
 
 
 class PackedBatches(IterableDataset):
@@ -109,6 +129,7 @@ class PackedBatches(IterableDataset):
         self.path, self.dtype, self.cfg, self.vocab_size = path, dtype, cfg, vocab_size
         self.start, self.stop, self.rank, self.world_size = start, stop, rank, world_size
         self._epoch_order: tuple[int, np.ndarray] | None = None
+        self._index: SentenceIndex | None = None
 
     def tokens(self) -> np.ndarray:
         return np.memmap(self.path, dtype=self.dtype, mode="r")
@@ -138,6 +159,11 @@ class PackedBatches(IterableDataset):
         index = step * self.world_size + self.rank  # across processes: see batch_generator
         generator = batch_generator(self.cfg.seed, index)
         length = self.cfg.row_length()
+        if self.cfg.input_format != "full_sentences":
+            if self._index is None:  # opened in the process that reads it (a DataLoader worker)
+                self._index = SentenceIndex(tokens, self.path.parent, self.path.stem)
+            rows = formatted_rows(self._index, self.cfg, generator)
+            return make_batch(rows.tokens, self.cfg, generator, self.vocab_size, formatted=rows)
         starts, row_epochs = self.offsets(index, generator, len(tokens))
         rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
         return make_batch(rows, self.cfg, generator, self.vocab_size, row_epochs)
@@ -158,11 +184,16 @@ def validation_batches(path: Path, dtype: str, cfg: TrainConfig, vocab_size: int
         raise ValueError(f"{path}: {len(tokens)} tokens, fewer than one row of {length}")
     batches = []
     for i in range(cfg.val_batches):
+        generator = batch_generator(cfg.seed, VAL_STEP_OFFSET + i)
+        if cfg.input_format != "full_sentences":
+            rows = formatted_rows(SentenceIndex(tokens, path.parent, path.stem), cfg, generator)
+            batches.append(make_batch(rows.tokens, cfg, generator, vocab_size, formatted=rows))
+            continue
         index = [(i * cfg.batch_size + j) % n_rows for j in range(cfg.batch_size)]
         rows = torch.from_numpy(
             np.stack([tokens[r * length : (r + 1) * length] for r in index]).astype(np.int64)
         )
-        batches.append(make_batch(rows, cfg, batch_generator(cfg.seed, VAL_STEP_OFFSET + i), vocab_size))
+        batches.append(make_batch(rows, cfg, generator, vocab_size))
     return batches
 
 
@@ -254,6 +285,17 @@ def token_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return F.cross_entropy(logits.float(), labels), (logits.argmax(-1) == labels).sum()
 
 
+def pair_head(cfg: ModelConfig) -> torch.nn.Module:
+    """BERT's pooler (a dense layer and tanh on the [CLS] state) and a two-way classifier."""
+    head = torch.nn.Sequential(
+        torch.nn.Linear(cfg.d_model, cfg.d_model), torch.nn.Tanh(), torch.nn.Linear(cfg.d_model, 2)
+    )
+    for layer in (head[0], head[2]):
+        torch.nn.init.normal_(layer.weight, std=cfg.init_std)
+        torch.nn.init.zeros_(layer.bias)
+    return head
+
+
 class PretrainModule(L.LightningModule):
     def __init__(self, model: dict[str, Any], train: dict[str, Any], compile: bool = False) -> None:
         super().__init__()
@@ -261,6 +303,9 @@ class PretrainModule(L.LightningModule):
         self.model_cfg = ModelConfig(**model)
         self.cfg = TrainConfig(**train)
         self.model = Transformer(self.model_cfg)
+        # BERT's pooler and next-sentence (or ALBERT's sentence-order) classifier on the [CLS] state: a
+        # pretraining head, not part of the exported model
+        self.pair_head = pair_head(self.model_cfg) if self.cfg.pair_loss() != "none" else None
         self.compile = compile
         self._token_loss = token_loss
         self.history: list[dict[str, float]] = []
@@ -276,10 +321,24 @@ class PretrainModule(L.LightningModule):
             self._token_loss = torch.compile(token_loss)
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
-        """Cross-entropy, correct predictions and the number of predicted tokens."""
-        logits, labels = self.model.arch.logits_and_labels(self.model, batch)
+        """Cross-entropy, correct predictions and the number of predicted tokens; with a pair head, its
+        loss and accuracy kept in `pair_terms` (what validation reports beside the token loss)."""
+        if self.pair_head is None:
+            logits, labels = self.model.arch.logits_and_labels(self.model, batch)
+            loss, correct = self._token_loss(logits, labels)
+            return loss, correct, labels.numel()
+        hidden = self.model(batch["input_ids"], batch.get("pad_mask"))
+        logits, labels = self.model.arch.logits_and_labels(self.model, batch, hidden)
         loss, correct = self._token_loss(logits, labels)
+        pair_logits = self.pair_head(hidden[:, 0])
+        pair_correct = (pair_logits.argmax(-1) == batch["pair_labels"]).float().mean()
+        self.pair_terms = (F.cross_entropy(pair_logits.float(), batch["pair_labels"]), pair_correct)
         return loss, correct, labels.numel()
+
+    def training_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
+        """What a step minimises: the token loss, plus the pair loss where there is one (BERT's sum)."""
+        loss, correct, count = self.loss(batch)
+        return (loss if self.pair_head is None else loss + self.pair_terms[0]), correct, count
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # dropout draws from a stream fixed by the step, so a resumed run repeats it exactly
@@ -287,9 +346,11 @@ class PretrainModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         # nothing here reads a tensor on the host: the CPU queues the next steps while the GPU works
-        loss, correct, count = self.loss(batch)
+        loss, correct, count = self.training_loss(batch)
         self._train_losses.append((self.global_step, loss.detach()))  # logged per step, below
         self.log(f"train/{self.cfg.objective}_accuracy", correct / count)
+        if self.pair_head is not None:
+            self.log(f"train/{self.cfg.pair_loss()}_accuracy", self.pair_terms[1])
         return loss
 
     def _step_loss(self, step: int) -> Tensor:
@@ -353,11 +414,14 @@ class PretrainModule(L.LightningModule):
         self._read_train_losses()  # the curve stays in step order
         # loss * tokens, correct, tokens: summed on the device, read once at the end
         self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        self._val_pair_sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # accuracy, batches
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         loss, correct, count = self.loss(batch)
         tokens = torch.full((), count, dtype=torch.float64, device=loss.device)  # a fill, not a copy
         self._val_sums += torch.stack([loss.double() * count, correct.double(), tokens])
+        if self.pair_head is not None:
+            self._val_pair_sums += torch.stack([self.pair_terms[1].double(), torch.ones_like(tokens)])
 
     def on_validation_epoch_end(self) -> None:
         sums = self.all_gather(self._val_sums).reshape(-1, 3).sum(0)
@@ -366,10 +430,15 @@ class PretrainModule(L.LightningModule):
         self.log(f"val/{self.cfg.objective}_accuracy", float(sums[1] / sums[2]))
         # perplexities of different objectives are different quantities: named by objective
         self.log(f"val/{self.cfg.objective}_perplexity", math.exp(loss))
+        if self.pair_head is not None:  # the token loss above is the pair-free formats' quantity
+            pairs = self.all_gather(self._val_pair_sums).reshape(-1, 2).sum(0)
+            self.log(f"val/{self.cfg.pair_loss()}_accuracy", float(pairs[0] / pairs[1]))
         self.history.append({"step": self.global_step, "val_loss": loss})
 
     def configure_optimizers(self) -> dict[str, Any]:
         groups = weight_decay_groups(self.model, self.cfg.weight_decay)
+        if self.pair_head is not None:
+            groups += weight_decay_groups(self.pair_head, self.cfg.weight_decay)
         # Lightning refuses to clip the gradients of a fused optimizer under mixed precision
         mixed = str(self.trainer.precision).endswith("mixed")
         kwargs = {"foreach": True} if mixed or self.device.type not in ("cuda", "cpu") else {"fused": True}

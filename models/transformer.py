@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
+from models.special import SPECIAL
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -249,6 +250,12 @@ def attention_mask(
     return mask
 
 
+def segment_ids(ids: Tensor) -> Tensor:
+    """BERT's segments of `[CLS] A [SEP] B [SEP]`: 0 up to and with the first [SEP], 1 after it."""
+    sep = (ids == SPECIAL.sep).long()
+    return (sep.cumsum(1) - sep).clamp(max=1)
+
+
 def biased_mask(bias: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
     """A position bias as SDPA's float mask: -inf where the boolean mask (or causality) forbids. SDPA
     then runs its kernels for arbitrary masks, not the fused causal one (docs/models.md)."""
@@ -266,6 +273,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.positions = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.positions == "learned" else None
+        self.segments = nn.Embedding(2, cfg.d_model) if cfg.segment_embeddings else None
         if cfg.positions == "sinusoidal":
             self.register_buffer("sinusoid", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
         if cfg.positions == "rope":
@@ -295,6 +303,8 @@ class Transformer(nn.Module):
         if ids.shape[1] > self.cfg.max_len:
             raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds max_len={self.cfg.max_len}")
         x = self.embed(ids)
+        if self.segments is not None:
+            x = x + self.segments(segment_ids(ids))
         if self.positions is not None:
             x = x + self.positions.weight[: ids.shape[1]]
         elif self.cfg.positions == "sinusoidal":

@@ -32,6 +32,7 @@ VARIANTS = [
     ("encoder", {"positions": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}, "LmpipeForLM"),
     ("encoder", {"positions": "sinusoidal"}, "LmpipeForLM"),
     ("encoder", {"positions": "relative"}, "LmpipeForLM"),
+    ("encoder", {"norm_position": "post", "segment_embeddings": True}, "LmpipeForLM"),  # BERT's, with A/B
     ("decoder", {}, "GPT2LMHeadModel"),
     ("decoder", {"norm_position": "post"}, "LmpipeForLM"),
     ("decoder", {"positions": "rope", "mlp": "swiglu"}, "LmpipeForLM"),

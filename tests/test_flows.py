@@ -237,6 +237,16 @@ def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
     assert baselines["bart_noise"]["objectives.bart.noise"] == "text_infilling"
     assert baselines["span_density"]["objectives.span.noise_density"] == 0.15
     assert baselines["pooling"]["finetune.common.pooling.encoder"] == "cls"
+    assert baselines["input_format"] == {
+        "models": {
+            "encoder_segment_pair": {
+                "from": "encoder_mlm",
+                "segment_embeddings": True,
+                "pretrain": {"input_format": "segment_pair"},
+            }
+        },
+        "pack.sentences": True,
+    }
     # BERT's 12 × 768 against 6 × 1088 at the default's tiny encoder (2 × 128, 2 heads, MLP 512)
     assert points["depth_width"] == [
         {"models": "encoder_mlm"},

@@ -170,3 +170,16 @@ def test_sentences_keep_where_documents_and_sentences_start(tmp_path) -> None:
         sentences = [sp.decode(part.tolist()) for part in np.split(ids, sentence_starts[1:])]
         assert all(len(s.split()) < 60 for s in sentences[:200])  # sentences, not paragraphs
         assert sum(s.rstrip().endswith((".", "!", "?")) for s in sentences) > 0.7 * len(sentences)
+
+    # the pretrain stage reads BERT's segment pairs from that index, its validation too
+    workdir.set("models", {"bert": {"arch": "encoder", "objective": "mlm", "preset": "tiny"}})
+    workdir.set("pretrain.input_format", "segment_pair")
+    workdir.set("pretrain.max_steps", 4)
+    workdir.set("pretrain.warmup_steps", 0)
+    workdir.set("pretrain.val_every", 4)
+    workdir.set("finetune.models", {})
+    run_stages(workdir, "pretrain", "bert")
+    metrics = json.loads((tmp_path / "metrics/pretrain/bert.json").read_text())
+    assert (
+        metrics["steps"] == 4 and np.isfinite(metrics["val_loss"]) and 0 <= metrics["val_nsp_accuracy"] <= 1
+    )

@@ -17,7 +17,8 @@ class PackParams(Strict):
         False,
         description="split each document into sentences (paragraph breaks, then blingfire's rules) and "
         "encode it sentence by sentence, writing where documents and sentences start beside the tokens "
-        "(<split>.documents.bin, <split>.sentences.bin): what BERT's and RoBERTa's input formats build on",
+        "(<split>.documents.bin, <split>.sentences.bin): what pretrain.input_format's formats but "
+        "full_sentences read",
     )
     repeat: dict[SourceName, Annotated[int, Field(ge=1)]] = Field(
         default_factory=dict,

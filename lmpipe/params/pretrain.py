@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, create_model, field_validator, mode
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Strict, _problems
 from models.architectures import ARCHITECTURES
+from models.input_formats import InputFormat
 from models.objectives import OBJECTIVES
 
 
@@ -82,6 +83,14 @@ class PretrainParams(Strict):
     beta2: float = Field(0.98, ge=0, lt=1)
     grad_clip: float = Field(1.0, ge=0, description="0 = no clipping")
     sampling: Literal["random", "epoch"] = "random"
+    input_format: InputFormat = Field(
+        "full_sentences",
+        description="RoBERTa's input formats (models/input_formats.py): full_sentences (windows of the "
+        "packed stream, across documents), doc_sentences (whole sentences of one document), segment_pair "
+        "(BERT's: [CLS] A [SEP] B [SEP], segments of sentences), sentence_pair (one sentence each); all "
+        "but full_sentences need pack.sentences, the masked LM and random sampling; the pairs train "
+        "objectives.mlm.pair_loss on [CLS]",
+    )
     num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="DataLoader workers; auto: up to 4 per GPU, none on the CPU"
     )
@@ -162,7 +171,17 @@ class PretrainSections(ModelsSections):
                     )
             parts = OBJECTIVES[variant.objective].components(args)
             static = [part.name for _, part, own in parts if part.static_copies(own)]
-            sampling = self.pretrain_of(name).sampling
+            sampling, fmt = self.pretrain_of(name).sampling, self.pretrain_of(name).input_format
+            if fmt != "full_sentences" and (variant.objective != "mlm" or sampling != "random"):
+                wrong = (
+                    f"models.{name}.objective is {variant.objective}"
+                    if variant.objective != "mlm"
+                    else f"{self.pretrain_key(name, 'sampling')} is {sampling}"
+                )
+                raise ValueError(
+                    f"{self.pretrain_key(name, 'input_format')}: {fmt} draws its rows of the masked LM "
+                    f"(objective mlm) at random sentences (sampling random); {wrong}"
+                )
             if static and sampling != "epoch":
                 raise ValueError(
                     f"objectives.{static[0]}.masking: static masking fixes the masks of each row of the "

@@ -46,6 +46,17 @@ class Params(PretrainSections, FinetuneSections):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _formats_have_their_index(self) -> Params:
+        for name in self.models:
+            fmt = self.pretrain_of(name).input_format
+            if fmt != "full_sentences" and not self.pack.sentences:
+                raise ValueError(
+                    f"{self.pretrain_key(name, 'input_format')}: {fmt} reads where sentences start: "
+                    "set pack.sentences: true"
+                )
+        return self
+
 
 def parse_params(raw: Any, origin: str = str(PARAMS_FILE)) -> Params:
     return parse(Params, raw, origin)

@@ -61,17 +61,19 @@ class Architecture(ABC):
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
         """(encoder tokens, decoder tokens, predicted tokens) per row of a pair of this kind and widths."""
 
-    def logits_and_labels(self, model: Transformer, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    def logits_and_labels(
+        self, model: Transformer, batch: dict[str, Tensor], hidden: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Flat logits and the labels they predict: at `positions` (flat indices) when the batch scores
-        only some outputs, the LM head run there alone."""
-        # through the module's call, so that a compiled model (`pretrain.compile`) runs compiled
-        hidden = model(
-            batch["input_ids"],
-            batch.get("pad_mask"),
-            batch.get("decoder_ids"),
-            batch.get("decoder_pad_mask"),
-            batch.get("prefix_lengths"),
-        )
+        only some outputs, the LM head run there alone; from `hidden` when the caller has the states."""
+        if hidden is None:  # through the module's call, so that a compiled model runs compiled
+            hidden = model(
+                batch["input_ids"],
+                batch.get("pad_mask"),
+                batch.get("decoder_ids"),
+                batch.get("decoder_pad_mask"),
+                batch.get("prefix_lengths"),
+            )
         if "positions" in batch:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["positions"])
             return model.lm_logits(hidden), batch["labels"]

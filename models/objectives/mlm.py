@@ -74,6 +74,14 @@ class MLMParams(ObjectiveParams):
         },
     )
     copies: int = field(default=10, metadata={"ge": 1, "description": "static masking's copies (BERT: 10)"})
+    pair_loss: Literal["nsp", "sop", "none"] = field(
+        default="nsp",
+        metadata={
+            "description": "on a pair format's [CLS] (pretrain.input_format segment_pair, sentence_pair): "
+            "BERT's next-sentence prediction, ALBERT's sentence-order prediction, or none; the other "
+            "formats have no pairs and no such loss"
+        },
+    )
 
     def check(self) -> None:
         if self.mask_fraction + self.random_fraction > 1.0:

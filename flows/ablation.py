@@ -220,8 +220,7 @@ T5_TABLE_2 = "T5, Table 2"
 # the papers' tables: what the paper measured for a point against its baseline row, in GLUE average
 # points (MNLI accuracy for BART, whose table has no GLUE average; SST-2 for RoBERTa's): the seeds' (BERT's
 # Table 5, 100 % [MASK], positions, depth and poolings; T5's Tables 2 and 4 and corruption rates; RoBERTa's
-# masking and input formats), and
-# three the seeds leave out, said so
+# masking and input formats), and three the seeds leave out, said so
 PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
     "masking_rate": [
         ({f"{MLM}.mask_rate": 0.10}, 79.3 - 80.5, "BERT, Table 5"),

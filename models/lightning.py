@@ -327,7 +327,9 @@ class PretrainModule(L.LightningModule):
             logits, labels = self.model.arch.logits_and_labels(self.model, batch)
             loss, correct = self._token_loss(logits, labels)
             return loss, correct, labels.numel()
-        hidden = self.model(batch["input_ids"], batch.get("pad_mask"))
+        hidden = self.model(
+            batch["input_ids"], batch.get("pad_mask"), prefix_lengths=batch.get("prefix_lengths")
+        )
         logits, labels = self.model.arch.logits_and_labels(self.model, batch, hidden)
         loss, correct = self._token_loss(logits, labels)
         pair_logits = self.pair_head(hidden[:, 0])

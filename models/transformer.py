@@ -85,7 +85,7 @@ class PositionBias(nn.Module):
 
     def __init__(self, cfg: ModelConfig, n_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__()
-        self.kind, self.n_heads = cfg.positions, cfg.n_heads
+        self.n_heads = cfg.n_heads
         self.n_buckets, self.max_distance = n_buckets, max_distance
         self.table = nn.Embedding(n_buckets, cfg.n_heads) if cfg.positions == "relative" else None
 

@@ -59,6 +59,8 @@ def test_data_throughput_packs_as_many_tokens_as_the_reference(text_folder: Path
     assert clean["mb"] > 0.2 and clean["mb_per_s"] > 0 and clean["near_dedup"]
     [pack] = by_measure(lines, "pack")  # the script itself asserts both packed the same tokens
     assert pack["tokens"] > 50_000 and pack["ours_tokens_per_s"] > 0 and pack["ratio"] > 0
+    [sentences] = by_measure(lines, "pack_sentences")  # split apart differently: nearly the same tokens
+    assert abs(sentences["tokens"] / sentences["ref_tokens"] - 1) < 0.02 and sentences["ratio"] > 0
 
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out

@@ -283,7 +283,7 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
 # spends on its step budget, times its cost in COSTS (T5's Table 2: the half-depth encoder-decoder at
 # M/2). T5's objective tables and BART's train every row for the same steps, as the papers did.
-EQUAL_FLOPS = {"systems", "t5_architectures", "depth_width"}
+EQUAL_FLOPS = {"systems", "t5_architectures", "depth_width", "input_format"}
 COSTS: dict[str, dict[str, float]] = {"t5_architectures": {"encdec_half_denoise": 0.5, "encdec_half_lm": 0.5}}
 
 

@@ -147,8 +147,8 @@ def test_objective_params_are_validated_by_the_objectives_own_class() -> None:
         parse(PretrainSections, params_with("prefix_lm", "lm", lm={"noise_density": 1.0}))
     with pytest.raises(StageError, match=r"objectives\.span\.noise_density=0\.0"):
         parse(PretrainSections, params_with("encoder_decoder", "span", span={"noise_density": 0.0}))
-    with pytest.raises(StageError, match=r"objectives\.mlm\.masking: unknown key"):
-        parse(PretrainSections, params_with("encoder", "mlm", mlm={"masking": 0.1}))
+    with pytest.raises(StageError, match=r"objectives\.mlm\.masking_rate: unknown key"):
+        parse(PretrainSections, params_with("encoder", "mlm", mlm={"masking_rate": 0.1}))
 
 
 TOY = '''

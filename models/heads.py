@@ -43,7 +43,10 @@ class SequenceHead(nn.Module):
 
     def forward(self, ids: Tensor, pad_mask: Tensor) -> Tensor:
         """Logits [B, num_labels], or predictions [B] for regression (never [B, 1])."""
-        logits = self.out(self.drop(self.pooled(ids, pad_mask)))
+        return self._logits(self.pooled(ids, pad_mask))
+
+    def _logits(self, pooled: Tensor) -> Tensor:
+        logits = self.out(self.drop(pooled))
         return logits.squeeze(-1) if self.num_labels == 1 else logits
 
     def forward_and_lm_loss(self, ids: Tensor, pad_mask: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -51,8 +54,7 @@ class SequenceHead(nn.Module):
         if not self.lm_loss_weight:
             return self(ids, pad_mask), None
         pooled, lm_loss = self.backbone.arch.pooled_and_lm_loss(self.backbone, ids, pad_mask, self.pooling)
-        logits = self.out(self.drop(pooled))
-        return (logits.squeeze(-1) if self.num_labels == 1 else logits), lm_loss
+        return self._logits(pooled), lm_loss
 
     def loss(self, output: Tensor, labels: Tensor) -> Tensor:
         if self.num_labels == 1:

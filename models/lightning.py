@@ -183,10 +183,13 @@ def validation_batches(path: Path, dtype: str, cfg: TrainConfig, vocab_size: int
     if n_rows == 0:
         raise ValueError(f"{path}: {len(tokens)} tokens, fewer than one row of {length}")
     batches = []
+    sentences = (
+        SentenceIndex(tokens, path.parent, path.stem) if cfg.input_format != "full_sentences" else None
+    )
     for i in range(cfg.val_batches):
         generator = batch_generator(cfg.seed, VAL_STEP_OFFSET + i)
-        if cfg.input_format != "full_sentences":
-            rows = formatted_rows(SentenceIndex(tokens, path.parent, path.stem), cfg, generator)
+        if sentences is not None:
+            rows = formatted_rows(sentences, cfg, generator)
             batches.append(make_batch(rows.tokens, cfg, generator, vocab_size, formatted=rows))
             continue
         index = [(i * cfg.batch_size + j) % n_rows for j in range(cfg.batch_size)]

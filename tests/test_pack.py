@@ -80,15 +80,22 @@ def documents(workdir: Workdir, split: str) -> Counter[str]:
     return Counter(sp.decode(part.tolist()) for part in np.split(ids, ends + 1)[:-1])
 
 
-def test_a_repeated_source_is_copied_into_the_training_tokens_only(tmp_path) -> None:
+def with_extra_source(tmp_path, files: int, paragraphs: int, words: int, split_by: str) -> Workdir:
+    """The sample project with a second ingest source, `extra`: files of prose paragraphs."""
     workdir = Workdir(tmp_path)
     run_stages(workdir, "sample")
     extra = tmp_path / "extra"
     extra.mkdir()
-    for i in range(6):
-        (extra / f"{i}.txt").write_text("\n\n".join(prose(100 * i + j, 120) for j in range(5)))
+    for i in range(files):
+        text = "\n\n".join(prose(100 * i + j, words) for j in range(paragraphs))
+        (extra / f"{i}.txt").write_text(text)
     sample = workdir.params["ingest"]["sources"]["sample"]
-    workdir.sources(sample=sample, extra={"path": "extra", "include": ["*.txt"], "split_by": "paragraphs"})
+    workdir.sources(sample=sample, extra={"path": "extra", "include": ["*.txt"], "split_by": split_by})
+    return workdir
+
+
+def test_a_repeated_source_is_copied_into_the_training_tokens_only(tmp_path) -> None:
+    workdir = with_extra_source(tmp_path, files=6, paragraphs=5, words=120, split_by="paragraphs")
     run_stages(workdir, "ingest", "clean", "tokenizer", "pack")
     once_meta, _ = shards(workdir)
     once = {split: documents(workdir, split) for split in ("train", "val")}
@@ -137,14 +144,7 @@ def test_sentence_pieces_join_back_into_the_text() -> None:
 def test_sentences_keep_where_documents_and_sentences_start(tmp_path) -> None:
     """With `pack.sentences`, the documents read as without it, and the index beside the tokens says
     where each document and sentence starts, for the repeated copies too; without it, no index."""
-    workdir = Workdir(tmp_path)
-    run_stages(workdir, "sample")
-    extra = tmp_path / "extra"
-    extra.mkdir()
-    for i in range(3):
-        (extra / f"{i}.txt").write_text("\n\n".join(prose(100 * i + j, 60) for j in range(4)))
-    sample = workdir.params["ingest"]["sources"]["sample"]
-    workdir.sources(sample=sample, extra={"path": "extra", "include": ["*.txt"], "split_by": "file"})
+    workdir = with_extra_source(tmp_path, files=3, paragraphs=4, words=60, split_by="file")
     workdir.set("pack.repeat", {"extra": 2})
     run_stages(workdir, "ingest", "clean", "tokenizer", "pack")
     whole = {split: documents(workdir, split) for split in ("train", "val")}

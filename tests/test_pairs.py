@@ -39,20 +39,24 @@ def rows(n: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(SPECIAL.n_special, VOCAB, (n, length), generator=torch.Generator().manual_seed(seed))
 
 
-def assert_learns(model: ModelConfig, train, batch: dict[str, torch.Tensor]) -> None:
-    """A few steps on one batch lower its loss, and the FLOPs counted equal the estimate."""
+def assert_learns(
+    model: ModelConfig, train, batch: dict[str, torch.Tensor], steps: int = 6
+) -> PretrainModule:
+    """A few steps on one batch lower its loss (with a pair head, the sum), and the FLOPs counted equal
+    the estimate. Returns the trained module."""
     torch.manual_seed(0)
     module = PretrainModule(model.to_dict(), train.__dict__)
     optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
     losses = []
-    for _ in range(6):
-        loss, _, _ = module.loss(batch)
+    for _ in range(steps):
+        loss, _, _ = module.training_loss(batch)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
     assert count_step_flops(model, train) == estimate_step_flops(model, train)
+    return module
 
 
 def test_prefix_mask_sees_the_whole_prefix_and_causally_after_it() -> None:

@@ -156,22 +156,23 @@ class PretrainSections(ModelsSections):
     @model_validator(mode="after")
     def _models_fit_sequences(self) -> PretrainSections:
         for name, variant in self.models.items():
-            max_len, seq_len = variant.config_fields()["max_len"], self.pretrain_of(name).seq_len
+            run = self.pretrain_of(name)
+            max_len, seq_len = variant.config_fields()["max_len"], run.seq_len
             key = self.pretrain_key(name, "seq_len")
             if max_len < seq_len:
                 raise ValueError(f"models.{name}.max_len ({max_len}) is shorter than {key} ({seq_len})")
             args = getattr(self.objectives, variant.objective).model_dump()
             arch = ARCHITECTURES[variant.arch]
-            for _, part, _ in OBJECTIVES[variant.objective].components(args):
+            parts = OBJECTIVES[variant.objective].components(args)
+            for _, part, _ in parts:
                 if part.kind not in arch.fits:
                     takes = ", ".join(sorted(arch.fits))
                     raise ValueError(
                         f"models.{name}.objective: {variant.objective}'s component {part.name} makes "
                         f"{part.kind} pairs, which arch '{arch.name}' does not take ({takes})"
                     )
-            parts = OBJECTIVES[variant.objective].components(args)
             static = [part.name for _, part, own in parts if part.static_copies(own)]
-            sampling, fmt = self.pretrain_of(name).sampling, self.pretrain_of(name).input_format
+            sampling, fmt = run.sampling, run.input_format
             if fmt != "full_sentences" and (variant.objective != "mlm" or sampling != "random"):
                 wrong = (
                     f"models.{name}.objective is {variant.objective}"

@@ -138,6 +138,27 @@ def input_format(params: Mapping[str, Any]) -> Grid:
     ]
 
 
+def albert(params: Mapping[str, Any]) -> Grid:
+    """ALBERT's two parameter reductions on `encoder_mlm`, alone and together: its embeddings factorized
+    at BERT-base's ratio E/H = 128/768 (rounded to a multiple of 8), and every layer one shared block."""
+    from lmpipe.params.models import ModelParams
+
+    models = params.get(MODELS_KEY) or {}
+    if "encoder_mlm" not in models:
+        raise PipelineError("preset albert: its rows are made from models.encoder_mlm, not found")
+    d_model = ModelParams.model_validate(models["encoder_mlm"]).config_fields()["d_model"]
+    factorized = {"embedding_size": max(8, round(d_model * 128 / 768 / 8) * 8)}
+    shared = {"share_layers": "all"}
+    rows = {"factorized": factorized, "shared": shared, "albert": {**factorized, **shared}}
+    return [
+        {MODELS_KEY: "encoder_mlm"},
+        *(
+            {MODELS_KEY: {f"encoder_{row}": {"from": "encoder_mlm", **changes}}}
+            for row, changes in rows.items()
+        ),
+    ]
+
+
 def from_t5_model(name: str, objective: str) -> dict[str, Any]:
     return {MODELS_KEY: {name: {"from": T5_MODEL, "objective": objective}}}
 
@@ -145,8 +166,8 @@ def from_t5_model(name: str, objective: str) -> dict[str, Any]:
 # Named after the seeds' tables (../shared/seeds): BERT Table 5 (10-25 %, and 40 %, where Wettig et al.
 # 2023 found larger models better off) and its 80/10/10 ablation; the BERT, GPT and T5 systems side by
 # side; T5's architectures × objectives, its objectives, corruption rates and span lengths; BART's noise;
-# RoBERTa's input formats and static vs dynamic masking; positions; depth against width; BERT's poolings
-# for fine-tuning; GPT-1's auxiliary LM loss.
+# RoBERTa's input formats and static vs dynamic masking; positions; depth against width; ALBERT's
+# factorized embeddings and shared layers; BERT's poolings for fine-tuning; GPT-1's auxiliary LM loss.
 # A preset is a grid, or a function of the params a point starts from (the profile's sizes); a point
 # that leaves a swept key out keeps the params' value there.
 PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
@@ -193,6 +214,7 @@ PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
     ],
     "depth_width": depth_width,
     "input_format": input_format,
+    "albert": albert,
     # fine-tuning only: one pretrained encoder, its fine-tunes (and the scratch baselines) per pooling
     "pooling": {MODELS_KEY: ["encoder_mlm"], f"{POOLING}.encoder": ["cls", "mean", "max"]},
     "gpt1_aux_loss": {MODELS_KEY: ["decoder_clm"], LM_LOSS_WEIGHT: [0.5, 0.0]},
@@ -213,6 +235,7 @@ BASELINES: dict[str, dict[str, Any]] = {
     "positions": {MODELS_KEY: "encoder_learned"},
     "depth_width": {MODELS_KEY: "encoder_mlm"},
     "input_format": {MODELS_KEY: "encoder_segment_pair"},
+    "albert": {MODELS_KEY: "encoder_mlm"},
     "pooling": {f"{POOLING}.encoder": "cls"},
     "gpt1_aux_loss": {LM_LOSS_WEIGHT: 0.5},
 }
@@ -272,6 +295,14 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
             ("doc_sentences", 92.7, 84.7),
         )
     ],
+    "albert": [
+        (
+            {MODELS_KEY: "encoder_albert"},
+            80.1 - 82.3,
+            "ALBERT, Table 2: ALBERT-base (E 128, all shared, SOP) vs BERT-base, 12 M vs 108 M parameters "
+            "(SQuAD, MNLI, SST-2, RACE average)",
+        )
+    ],
     "pooling": [
         ({f"{POOLING}.encoder": pooling}, average - 89.1, "BERT, pooling (MNLI, QQP, SST-2 average)")
         for pooling, average in (("mean", 88.3), ("max", 87.7))
@@ -283,7 +314,7 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
 # spends on its step budget, times its cost in COSTS (T5's Table 2: the half-depth encoder-decoder at
 # M/2). T5's objective tables and BART's train every row for the same steps, as the papers did.
-EQUAL_FLOPS = {"systems", "t5_architectures", "depth_width", "input_format"}
+EQUAL_FLOPS = {"systems", "t5_architectures", "depth_width", "input_format", "albert"}
 COSTS: dict[str, dict[str, float]] = {"t5_architectures": {"encdec_half_denoise": 0.5, "encdec_half_lm": 0.5}}
 
 

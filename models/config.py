@@ -34,6 +34,22 @@ class ModelConfig:
     # BERT's A/B embeddings: a token after the first [SEP] of its row is segment B (pretraining's
     # sentence pairs, fine-tuning's sentence-pair tasks); read from the ids, so no input carries them
     segment_embeddings: bool = False
+    # ALBERT's factorized embeddings: tokens (and positions, segments) embedded in E dimensions and
+    # projected to d_model; the LM head projects back through the same matrix (V·E + E·d parameters
+    # where BERT has V·d). None: E = d_model, no projection
+    embedding_size: int | None = field(
+        default=None,
+        metadata={"ge": 8, "description": "ALBERT's E: embeddings of E dimensions projected to d_model"},
+    )
+    # ALBERT's cross-layer sharing: a stack's layers in `layer_groups` consecutive groups, the layers of
+    # a group sharing all their weights, the attention's (with its norm) or the feed-forward's
+    share_layers: Literal["none", "all", "attention", "ffn"] = field(
+        default="none", metadata={"description": "ALBERT's cross-layer sharing: whole blocks or one branch"}
+    )
+    layer_groups: int = field(
+        default=1,
+        metadata={"ge": 1, "description": "share_layers: groups of consecutive layers, each shared"},
+    )
     bias: bool = True
     norm_eps: float = field(default=1e-5, metadata={"gt": 0.0})
     init_std: float = field(default=0.02, metadata={"gt": 0.0})
@@ -53,6 +69,15 @@ class ModelConfig:
             raise ValueError("share_encoder_decoder is for an encoder-decoder only")
         if self.share_encoder_decoder and self.decoder_layers != self.n_layers:
             raise ValueError("share_encoder_decoder shares one stack: n_decoder_layers must equal n_layers")
+        if self.embedding_size is not None and self.embedding_size > self.d_model:
+            raise ValueError(
+                f"embedding_size: {self.embedding_size} exceeds d_model ({self.d_model}); ALBERT's "
+                "factorized embeddings are narrower than the model"
+            )
+        if self.layer_groups > 1 and self.share_layers == "none":
+            raise ValueError("layer_groups: groups of shared layers need share_layers all, attention or ffn")
+        if self.layer_groups > min(self.n_layers, self.decoder_layers):
+            raise ValueError(f"layer_groups: {self.layer_groups} groups exceed the layers of a stack")
 
     @property
     def head_dim(self) -> int:

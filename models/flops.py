@@ -4,7 +4,8 @@ Counted: torch's FlopCounterMode over one micro-batch's forward and backward, ru
 (tensors with shapes and no data), so it costs nothing and needs no corpus. Estimated: Kaplan et al.
 (2020)'s 6·N·D, with N the matmul parameters each token passes through, plus attention as Chinchilla
 counts it (QKᵀ and AV over the full T×T: the kernels compute the masked half too) and the tied LM
-head on the positions that get a prediction. Both count matmuls only, so they agree to the FLOP.
+head on the positions that get a prediction (with ALBERT's factorized embeddings, its projections).
+Shared layers (ALBERT) cost what unshared ones do. Both count matmuls only, so they agree to the FLOP.
 """
 
 from __future__ import annotations
@@ -103,7 +104,10 @@ def _estimate(model: ModelConfig, train: TrainConfig, tokens: tuple[int, int, fl
         if t:  # cross-attention: q and out on the decoder's tokens, keys and values of the memory
             forward += 2 * b * u * layers * 2 * d * d + 2 * b * t * layers * 2 * d * d
             forward += layers * 4 * b * u * t * d
-    forward += 2 * round(predicted * b) * d * model.vocab_size
+    e = model.embedding_size
+    if e:  # ALBERT's projection of each embedded token to d_model, and back in the LM head
+        forward += 2 * b * (t + u) * e * d
+    forward += 2 * round(predicted * b) * (d * e + e * model.vocab_size if e else d * model.vocab_size)
     if train.pair_loss() != "none":  # BERT's pooler and the two-way classifier on each [CLS]
         forward += 2 * b * d * d + 2 * b * d * 2
     return 3 * forward

@@ -47,7 +47,9 @@ def _standard(model: Transformer) -> bool:
     """Learned positions, LayerNorm with bias, GELU, biases: what GPT-2, BERT and XLM-R XL compute."""
     cfg = model.cfg
     standard = (cfg.positions, cfg.norm, cfg.mlp, cfg.bias) == ("learned", "layernorm", "gelu", True)
-    return standard and not cfg.segment_embeddings  # ours come from the ids, not token_type_ids
+    # ours come from the ids, not token_type_ids; ALBERT's transformers class has a head ours lacks
+    albert = cfg.embedding_size is not None or cfg.share_layers != "none"
+    return standard and not cfg.segment_embeddings and not albert
 
 
 def hf_layout(model: Transformer) -> HFLayout:
@@ -222,6 +224,8 @@ def _remote(model: Transformer) -> HFLayout:
         "bias": not cfg.bias,
         "norm_position": cfg.arch == "decoder" and cfg.norm_position == "post",
         "segment_embeddings": cfg.segment_embeddings,
+        "embedding_size": cfg.embedding_size is not None,
+        "share_layers": cfg.share_layers != "none",
     }
     named = [f"{key}={getattr(cfg, key)}" for key, different in differs.items() if different]
     if cfg.arch == "encoder_decoder":

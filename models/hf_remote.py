@@ -62,7 +62,7 @@ class LmpipePreTrainedModel(PreTrainedModel):
                 module.rope_cos.copy_(cos)
                 module.rope_sin.copy_(sin)
             elif cfg.positions == "sinusoidal":
-                module.sinusoid.copy_(sinusoidal_table(cfg.max_len, cfg.d_model))
+                module.sinusoid.copy_(sinusoidal_table(cfg.max_len, cfg.embedding_size or cfg.d_model))
 
     def hidden(
         self,

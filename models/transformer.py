@@ -191,11 +191,33 @@ class Block(nn.Module):
         return self._residual(x, self.norm2, self.mlp)
 
 
+# what ALBERT's `share_layers` shares between the layers of a group: each branch with its norm
+SHARED_PARTS = {"attention": ("self_attn", "norm1", "cross_attn", "norm_cross"), "ffn": ("mlp", "norm2")}
+
+
+def stack_blocks(cfg: ModelConfig, n_layers: int, cross: bool) -> list[Block]:
+    """A stack's blocks: its own to each layer, or shared within `layer_groups` consecutive groups
+    (ALBERT: layer i in group i·G // L), whole or by branch; the first layer of a group owns them."""
+    if cfg.share_layers == "none":
+        return [Block(cfg, cross) for _ in range(n_layers)]
+    owners: dict[int, Block] = {}
+    if cfg.share_layers == "all":
+        return [
+            owners.setdefault(i * cfg.layer_groups // n_layers, Block(cfg, cross)) for i in range(n_layers)
+        ]
+    blocks = [Block(cfg, cross) for _ in range(n_layers)]
+    for i, block in enumerate(blocks):
+        owner = owners.setdefault(i * cfg.layer_groups // n_layers, block)
+        for part in SHARED_PARTS[cfg.share_layers]:
+            setattr(block, part, getattr(owner, part))
+    return blocks
+
+
 class Stack(nn.Module):
     def __init__(self, cfg: ModelConfig, n_layers: int, causal: bool, cross: bool) -> None:
         super().__init__()
         self.causal = causal
-        self.blocks = nn.ModuleList(Block(cfg, cross) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(stack_blocks(cfg, n_layers, cross))
         # pre-norm stacks end in a norm; post-norm ones normalise the embeddings instead (BERT)
         self.edge_norm = make_norm(cfg)
         self.pre_norm = cfg.norm_position == "pre"
@@ -271,11 +293,14 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.positions = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.positions == "learned" else None
-        self.segments = nn.Embedding(2, cfg.d_model) if cfg.segment_embeddings else None
+        width = cfg.embedding_size or cfg.d_model  # ALBERT's E
+        self.embed = nn.Embedding(cfg.vocab_size, width)
+        self.positions = nn.Embedding(cfg.max_len, width) if cfg.positions == "learned" else None
+        self.segments = nn.Embedding(2, width) if cfg.segment_embeddings else None
         if cfg.positions == "sinusoidal":
-            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
+            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_len, width), persistent=False)
+        # ALBERT's projection of the E-wide embeddings to the model's width, tied back in the LM head
+        self.embed_projection = nn.Linear(width, cfg.d_model, bias=cfg.bias) if cfg.embedding_size else None
         if cfg.positions == "rope":
             cos, sin = rope_tables(cfg.max_len, cfg.head_dim)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -309,6 +334,8 @@ class Transformer(nn.Module):
             x = x + self.positions.weight[: ids.shape[1]]
         elif self.cfg.positions == "sinusoidal":
             x = x + self.sinusoid[: ids.shape[1]].to(x.dtype)
+        if self.embed_projection is not None:
+            x = self.embed_projection(x)
         return self.drop(x)
 
     def _rope(self) -> tuple[Tensor, Tensor] | None:
@@ -344,7 +371,10 @@ class Transformer(nn.Module):
         return self.arch.hidden(self, ids, pad_mask, decoder_ids, decoder_pad_mask, prefix_lengths)
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
-        """Tied output embedding: logits over the vocabulary for the given hidden states."""
+        """Tied output embedding: logits over the vocabulary for the given hidden states (factorized
+        embeddings: projected back to E through the input projection's matrix first)."""
+        if self.embed_projection is not None:
+            hidden = hidden @ self.embed_projection.weight
         return F.linear(hidden, self.embed.weight)
 
     def num_parameters(self) -> int:

@@ -33,6 +33,9 @@ VARIANTS = [
     ("encoder", {"positions": "sinusoidal"}, "LmpipeForLM"),
     ("encoder", {"positions": "relative"}, "LmpipeForLM"),
     ("encoder", {"norm_position": "post", "segment_embeddings": True}, "LmpipeForLM"),  # BERT's, with A/B
+    # ALBERT's: factorized embeddings, every layer one block; E-wide sinusoids; attention shared by two
+    ("encoder", {"norm_position": "post", "embedding_size": 32, "share_layers": "all"}, "LmpipeForLM"),
+    ("encoder", {"embedding_size": 16, "positions": "sinusoidal"}, "LmpipeForLM"),
     ("decoder", {}, "GPT2LMHeadModel"),
     ("decoder", {"norm_position": "post"}, "LmpipeForLM"),
     ("decoder", {"positions": "rope", "mlp": "swiglu"}, "LmpipeForLM"),
@@ -40,6 +43,7 @@ VARIANTS = [
     ("encoder_decoder", {}, "LmpipeForLM"),
     ("encoder_decoder", {**T5, "n_decoder_layers": 3}, "LmpipeForLM"),
     ("encoder_decoder", {"share_encoder_decoder": True}, "LmpipeForLM"),
+    ("encoder_decoder", {"share_layers": "attention", "n_decoder_layers": 3}, "LmpipeForLM"),
     ("encoder_decoder", {"positions": "relative", "norm": "rmsnorm", "bias": False}, "LmpipeForLM"),
     ("prefix_lm", {}, "LmpipeForLM"),  # the input as the prefix, as fine-tuning reads it
 ]

@@ -23,9 +23,9 @@ def recipe(seed: int = 1, precision: str = "32-true", **task: float) -> Finetune
     return finetune_config(FinetuneTaskParams(**task), FinetuneCommonParams(precision=precision), seed)
 
 
-def head(arch: str, num_labels: int, seed: int = 0) -> SequenceHead:
+def head(arch: str, num_labels: int, seed: int = 0, **changes) -> SequenceHead:
     torch.manual_seed(seed)
-    return SequenceHead(Transformer(CFG.with_(arch=arch)), num_labels, dropout=0.1)
+    return SequenceHead(Transformer(CFG.with_(arch=arch, **changes)), num_labels, dropout=0.1)
 
 
 def keyword_task(n: int, seed: int) -> tuple[list[list[int]], np.ndarray]:
@@ -69,11 +69,20 @@ def test_warmup_then_linear_decay() -> None:
     assert all(a >= b for a, b in zip(factors[3:], factors[4:], strict=False))
 
 
-@pytest.mark.parametrize("arch", ["encoder", "decoder", "encoder_decoder"])
-def test_every_architecture_learns_a_keyword_task(arch: str) -> None:
+@pytest.mark.parametrize(
+    ("arch", "changes"),
+    [
+        ("encoder", {}),
+        ("decoder", {}),
+        ("encoder_decoder", {}),
+        ("encoder", {"embedding_size": 16, "share_layers": "all"}),  # ALBERT's
+    ],
+    ids=["encoder", "decoder", "encoder_decoder", "albert"],
+)
+def test_every_architecture_learns_a_keyword_task(arch: str, changes: dict) -> None:
     train_ids, train_labels = keyword_task(512, seed=0)
     dev_ids, dev_labels = keyword_task(200, seed=1)
-    model = head(arch, 2)
+    model = head(arch, 2, **changes)
     cfg = recipe(lr=3e-3, epochs=4, batch_size=32, warmup_ratio=0.1, seed=3)
     losses = finetune(model, train_ids, train_labels, cfg)
     assert len(losses) == cfg.total_steps(512) == 64

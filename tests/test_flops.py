@@ -50,6 +50,22 @@ def test_count_equals_the_closed_form_estimate(arch: str, objective: str, varian
     assert count_step_flops(model, wider) == 2 * counted
 
 
+@pytest.mark.parametrize(("arch", "objective"), ARCHS)
+@pytest.mark.parametrize(
+    "albert",
+    [{"embedding_size": 16}, {"share_layers": "all"}, {"embedding_size": 24, "share_layers": "ffn"}],
+    ids=lambda v: "-".join(map(str, v.values())),
+)
+def test_albert_counts_equal_the_estimate_and_sharing_costs_what_unshared_layers_do(
+    arch: str, objective: str, albert: dict
+) -> None:
+    model, train = configs(arch, objective, VARIANTS[0])
+    factorized = model.with_(**albert)
+    assert count_step_flops(factorized, train) == estimate_step_flops(factorized, train)
+    unshared = factorized.with_(share_layers="none")
+    assert count_step_flops(factorized, train) == count_step_flops(unshared, train)
+
+
 @pytest.mark.parametrize(("arch", "objective"), ARCHS[1:])
 def test_meta_count_equals_a_real_steps_count(arch: str, objective: str) -> None:
     """CLM and span batches have fixed shapes: the meta count is what a real forward+backward counts

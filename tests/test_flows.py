@@ -529,6 +529,34 @@ def test_depth_width_rows_have_the_same_block_weights_and_train_on_equal_flops()
     assert words.endswith("what encoder_mlm spends on its 200 steps")
 
 
+def test_albert_rows_cut_parameters_not_flops_and_train_on_equal_flops() -> None:
+    """ALBERT's rows at the default's tiny encoder (d 128: E 24, BERT-base's 128/768): each reduction
+    cuts parameters, together the most; a shared block costs what its unshared layers do."""
+    from flows.profile import validate
+    from lmpipe.pretraining import planned_train_flops
+    from models.transformer import Transformer
+
+    points = preset_points("albert")
+    assert points[1] == {"models": {"encoder_factorized": {"from": "encoder_mlm", "embedding_size": 24}}}
+    validated = [
+        validate(ROOT, point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml"), "params.yaml")
+        for p in points
+    ]
+    vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
+    size, step = {}, {}
+    for params in validated:
+        (name,) = params.models
+        size[name] = Transformer(params.models[name].config(vocab)).num_parameters()
+        step[name] = planned_train_flops(params, name, vocab) / params.pretrain_of(name).max_steps
+    assert size["encoder_mlm"] > size["encoder_factorized"] > size["encoder_albert"]
+    assert size["encoder_mlm"] > size["encoder_shared"] > size["encoder_albert"]
+    assert (
+        step["encoder_shared"] == step["encoder_mlm"] and step["encoder_albert"] == step["encoder_factorized"]
+    )
+    _, words = equal_flops_budget(validated, baseline_index(points, None, "albert"))
+    assert words.endswith("what encoder_mlm spends on its 200 steps")
+
+
 def test_t5_table_rows_have_the_tables_parameters_and_costs() -> None:
     """T5's Table 2 at the profile's size, counted by the project's own code: the encoder-decoder 2P
     at cost M, shared P at M, half depth P at M/2, the decoder-only and prefix LMs P at M; equal FLOPs

@@ -139,6 +139,20 @@ def test_a_pair_format_trains_its_head_and_counts_its_flops(tmp_path: Path) -> N
     assert estimate_step_flops(model, train) == estimate_step_flops(model, plain) + head
 
 
+def test_albert_trains_sentence_order_with_factorized_embeddings_and_one_shared_block(tmp_path: Path) -> None:
+    """ALBERT's recipe in one model: SOP on segment pairs, E < d_model, every layer one block."""
+    packed(tmp_path)
+    run = PretrainParams(seq_len=32, batch_size=8, input_format="segment_pair", warmup_steps=0)
+    args = objectives_params({"mlm": {"pair_loss": "sop"}})
+    train = train_config("encoder", "mlm", run, args, seed=1)
+    model = ModelConfig(vocab_size=9000, d_model=32, n_layers=3, n_heads=2, d_ff=64, max_len=32)
+    model = model.with_(arch="encoder", segment_embeddings=True, embedding_size=16, share_layers="all")
+    (batch,) = PackedBatches(tmp_path / "train.bin", "uint16", train, 9000, 0, 1)
+    module = assert_learns(model, train, batch, steps=8)
+    blocks = module.model.encoder.blocks
+    assert blocks[0] is blocks[1] is blocks[2] and module.model.embed.weight.shape == (9000, 16)
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [

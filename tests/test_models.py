@@ -76,15 +76,29 @@ def closed_form_parameters(cfg: ModelConfig) -> int:
     norm = (2 * d if cfg.bias else d) if cfg.norm == "layernorm" else d
     attention = 4 * d * d + 4 * d * b
     mlp = (2 if cfg.mlp == "swiglu" else 1) * (d * f + f * b) + f * d + d * b
-    block = attention + mlp + 2 * norm
-    total = v * d + (cfg.max_len * d if cfg.positions == "learned" else 0)
+    e = cfg.embedding_size or d
+    total = v * e + (cfg.max_len * e if cfg.positions == "learned" else 0)
+    total += e * d + d * b if cfg.embedding_size else 0  # ALBERT's projection
     relative = 32 * cfg.n_heads if cfg.positions == "relative" else 0  # T5's table: 32 buckets, each stack
-    if cfg.arch in ("encoder", "encoder_decoder"):
-        total += cfg.n_layers * block + norm + relative
-    if cfg.arch == "decoder":
-        total += cfg.n_layers * block + norm + relative
+
+    def stack(layers: int, cross: int) -> int:
+        """Each group's shared part once, each layer's own part per layer."""
+        cross_norm = norm if cross else 0
+        full = attention + cross + mlp + 2 * norm + cross_norm
+        shared = {
+            "none": 0,
+            "all": full,
+            "attention": attention + norm + cross + cross_norm,
+            "ffn": mlp + norm,
+        }[cfg.share_layers]
+        own = 0 if cfg.share_layers == "all" else full - shared
+        groups = cfg.layer_groups if cfg.share_layers != "none" else 0
+        return groups * shared + layers * own + norm + relative
+
+    if cfg.arch in ("encoder", "encoder_decoder", "decoder"):
+        total += stack(cfg.n_layers, 0)
     if cfg.arch == "encoder_decoder":
-        total += cfg.decoder_layers * (block + attention + norm) + norm + relative
+        total += stack(cfg.decoder_layers, attention)
     return total
 
 
@@ -98,6 +112,10 @@ def closed_form_parameters(cfg: ModelConfig) -> int:
         dict(positions="alibi"),
         dict(positions="relative", norm="rmsnorm"),
         dict(norm_position="post", bias=False),
+        dict(embedding_size=16),  # ALBERT's
+        dict(share_layers="all"),
+        dict(share_layers="attention", n_layers=4, layer_groups=2, embedding_size=8, bias=False),
+        dict(share_layers="ffn", n_layers=3, layer_groups=2),
     ],
 )
 def test_parameter_count_matches_closed_form(arch, variant) -> None:

@@ -153,6 +153,26 @@ def test_bad_pretrain_values_of_a_model_name_the_dotted_key(overrides: dict, exp
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"embedding_size": 512}, "models.encoder_mlm.embedding_size: 512 exceeds d_model (128)"),
+        ({"layer_groups": 2}, "models.encoder_mlm.layer_groups: groups of shared layers need share_layers"),
+        ({"share_layers": "all", "layer_groups": 3}, "models.encoder_mlm.layer_groups: 3 groups exceed"),
+        ({"share_layers": "some"}, "models.encoder_mlm.share_layers='some': Input should be 'none', 'all'"),
+    ],
+)
+def test_bad_albert_options_name_the_dotted_key(changes: dict, expected: str) -> None:
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["models"]["encoder_mlm"].update(changes)
+    with pytest.raises(StageError) as info:
+        parse_params(raw)
+    assert "\n" not in str(info.value)
+    assert expected in str(info.value)
+
+
 def test_a_model_can_have_its_own_finetune_values() -> None:
     import copy
 

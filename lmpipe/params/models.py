@@ -86,8 +86,12 @@ class ModelsSections(Sections):
         for name, variant in self.models.items():
             try:  # the model's own rules (head sizes, layers per arch), before any stage starts
                 variant.config()
-            except ValueError as exc:
-                raise ValueError(f"models.{name}: {exc}") from None
+            except ValueError as exc:  # "<field>: why" names its dotted key
+                key, _, why = str(exc).partition(": ")
+                dotted = (
+                    f"models.{name}.{key}: {why}" if key in _CONFIG_TYPES and why else f"models.{name}: {exc}"
+                )
+                raise ValueError(dotted) from None
         return self
 
     def check_model(self, name: str) -> None:

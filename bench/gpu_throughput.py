@@ -109,7 +109,7 @@ def ours(
 ) -> Step:
     module = PretrainModule(model.to_dict(), train.__dict__, compile=compiled).to(device)
     module.configure_model()  # as the Trainer does: compiles the model and the loss when asked
-    return training_step(lambda: module.loss(batch)[0], module.parameters(), device, precision)
+    return training_step(lambda: module.training_loss(batch)[0], module.parameters(), device, precision)
 
 
 def reference_model(model: ModelConfig):

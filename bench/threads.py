@@ -40,7 +40,7 @@ generator = batch_generator(0, 0)
 rows = torch.randint(107, 4000, (16, train.row_length()), generator=generator)
 batch = make_batch(rows, train, generator, 4000)
 for _ in range({steps}):
-    loss, _, _ = module.loss(batch)
+    loss, _, _ = module.training_loss(batch)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -64,7 +64,7 @@ def ours(objective: str, size: str):
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
 
     def step(batch: dict[str, torch.Tensor]) -> float:
-        loss, _, _ = module.loss(batch)
+        loss, _, _ = module.training_loss(batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

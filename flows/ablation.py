@@ -54,6 +54,7 @@ from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
 from lmpipe.runtime import StageError
 
 MLM, SPAN, BERT_STYLE = "objectives.mlm", "objectives.span", "objectives.bert_style"
+ELECTRA = "objectives.electra"
 POOLING, LM_LOSS_WEIGHT = "finetune.common.pooling", "finetune.common.lm_loss_weight"
 T5_MODEL = "encdec_span"  # the model (of params.yaml or the profile) that T5's and BART's rows are made from
 
@@ -167,7 +168,8 @@ def from_t5_model(name: str, objective: str) -> dict[str, Any]:
 # 2023 found larger models better off) and its 80/10/10 ablation; the BERT, GPT and T5 systems side by
 # side; T5's architectures × objectives, its objectives, corruption rates and span lengths; BART's noise;
 # RoBERTa's input formats and static vs dynamic masking; positions; depth against width; ALBERT's
-# factorized embeddings and shared layers; BERT's poolings for fine-tuning; GPT-1's auxiliary LM loss.
+# factorized embeddings and shared layers; ELECTRA against the masked LM; BERT's poolings for fine-tuning;
+# GPT-1's auxiliary LM loss.
 # A preset is a grid, or a function of the params a point starts from (the profile's sizes); a point
 # that leaves a swept key out keeps the params' value there.
 PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
@@ -215,6 +217,18 @@ PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
     "depth_width": depth_width,
     "input_format": input_format,
     "albert": albert,
+    # BERT's masked LM against ELECTRA's replaced-token detection at four generator widths (ELECTRA's
+    # generator-size figure), at equal FLOPs with the generator's counted
+    "electra": [
+        {MODELS_KEY: "encoder_mlm"},
+        *(
+            {
+                MODELS_KEY: {"encoder_electra": {"from": "encoder_mlm", "objective": "electra"}},
+                f"{ELECTRA}.generator_width": width,
+            }
+            for width in (0.125, 0.25, 0.5, 1.0)
+        ),
+    ],
     # fine-tuning only: one pretrained encoder, its fine-tunes (and the scratch baselines) per pooling
     "pooling": {MODELS_KEY: ["encoder_mlm"], f"{POOLING}.encoder": ["cls", "mean", "max"]},
     "gpt1_aux_loss": {MODELS_KEY: ["decoder_clm"], LM_LOSS_WEIGHT: [0.5, 0.0]},
@@ -236,6 +250,7 @@ BASELINES: dict[str, dict[str, Any]] = {
     "depth_width": {MODELS_KEY: "encoder_mlm"},
     "input_format": {MODELS_KEY: "encoder_segment_pair"},
     "albert": {MODELS_KEY: "encoder_mlm"},
+    "electra": {MODELS_KEY: "encoder_mlm"},
     "pooling": {f"{POOLING}.encoder": "cls"},
     "gpt1_aux_loss": {LM_LOSS_WEIGHT: 0.5},
 }
@@ -303,6 +318,14 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
             "(SQuAD, MNLI, SST-2, RACE average)",
         )
     ],
+    "electra": [
+        (
+            {f"{ELECTRA}.generator_width": 0.25},
+            79.9 - 75.1,
+            "ELECTRA, Table 1 (the paper's; not in the seeds): ELECTRA-Small vs BERT-Small, both 14 M "
+            "parameters and 1.4e18 training FLOPs, GLUE dev",
+        )
+    ],
     "pooling": [
         ({f"{POOLING}.encoder": pooling}, average - 89.1, "BERT, pooling (MNLI, QQP, SST-2 average)")
         for pooling, average in (("mean", 88.3), ("max", 87.7))
@@ -314,7 +337,7 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
 # presets whose points train at equal compute: every point gets the FLOPs the baseline point's model
 # spends on its step budget, times its cost in COSTS (T5's Table 2: the half-depth encoder-decoder at
 # M/2). T5's objective tables and BART's train every row for the same steps, as the papers did.
-EQUAL_FLOPS = {"systems", "t5_architectures", "depth_width", "input_format", "albert"}
+EQUAL_FLOPS = {"systems", "t5_architectures", "depth_width", "input_format", "albert", "electra"}
 COSTS: dict[str, dict[str, float]] = {"t5_architectures": {"encdec_half_denoise": 0.5, "encdec_half_lm": 0.5}}
 
 

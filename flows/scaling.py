@@ -50,7 +50,7 @@ KAPLAN_ALPHA_N = 0.076
 
 def non_embedding_parameters(d_model: int, n_layers: int, d_ff: int, mlp: str = "gelu") -> int:
     """Kaplan's N: the weights of the blocks (attention and MLP matrices; biases and norms are noise)."""
-    from models.flops import block_weights
+    from models.stack_flops import block_weights
 
     return n_layers * block_weights(d_model, d_ff, mlp)
 

@@ -19,6 +19,7 @@ from models.config import ModelConfig
 from models.lightning import PretrainModule, TrainConfig
 from models.objectives import OBJECTIVES
 from models.objectives.base import Args, Objective
+from models.stack_flops import stack_forward_flops
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, by a part of
 # torch.cuda.get_device_name(); the longest matching key wins ("A100" before "A10").
@@ -57,6 +58,7 @@ def example_batch(train: TrainConfig, objective: Objective, args: Args) -> dict[
     format's labels, for its head)."""
     widths = objective.widths(train.seq_len, args)
     batch = ARCHITECTURES[train.arch].example_batch(train.batch_size, objective.kind, *widths)
+    batch |= objective.example_extras(len(batch["labels"]))
     if train.pair_loss() != "none":
         batch["pair_labels"] = torch.zeros(train.batch_size, dtype=torch.long, device="meta")
     return batch
@@ -77,37 +79,33 @@ def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     return round(total)
 
 
-def block_weights(d_model: int, d_ff: int, mlp: str) -> int:
-    """The weights of one block's matrices: attention's q, k, v and output, and the MLP's (three with
-    SwiGLU). Biases and norms are left out, as Kaplan's N leaves them."""
-    return 4 * d_model * d_model + (3 if mlp == "swiglu" else 2) * d_model * d_ff
-
-
 def estimate_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     """6·N·D + attention + LM head for one micro-batch (forward 2 FLOPs a multiply-add, backward 2x):
-    each stack over its own tokens, and a decoder's cross-attention to the encoder's (a mixture's:
-    each component's by its share)."""
-    total = sum(share * _estimate(model, train, lengths(train, o, a)) for share, o, a in components(train))
+    each stack over its own tokens, and a decoder's cross-attention to the encoder's; an objective's
+    own head in place of the LM head (a mixture's: each component's by its share)."""
+    total = sum(share * _estimate(model, train, o, a) for share, o, a in components(train))
     return round(total)
 
 
-def _estimate(model: ModelConfig, train: TrainConfig, tokens: tuple[int, int, float]) -> int:
-    b, (t, u, predicted) = train.batch_size, tokens
+def _estimate(model: ModelConfig, train: TrainConfig, objective: Objective, args: Args) -> int:
+    b, (t, u, predicted) = train.batch_size, lengths(train, objective, args)
     d = model.d_model
-    block = block_weights(d, model.d_ff, model.mlp)
     forward = 0
     if t:  # the encoder
-        forward += 2 * b * t * model.n_layers * block + model.n_layers * 4 * b * t * t * d
+        forward += stack_forward_flops(b, t, model.n_layers, d, model.d_ff, model.mlp)
     if u:  # the decoder (a decoder-only model's layers are n_layers)
         layers = model.decoder_layers
-        forward += 2 * b * u * layers * block + layers * 4 * b * u * u * d
+        forward += stack_forward_flops(b, u, layers, d, model.d_ff, model.mlp)
         if t:  # cross-attention: q and out on the decoder's tokens, keys and values of the memory
             forward += 2 * b * u * layers * 2 * d * d + 2 * b * t * layers * 2 * d * d
             forward += layers * 4 * b * u * t * d
     e = model.embedding_size
     if e:  # ALBERT's projection of each embedded token to d_model, and back in the LM head
         forward += 2 * b * (t + u) * e * d
-    forward += 2 * round(predicted * b) * (d * e + e * model.vocab_size if e else d * model.vocab_size)
+    head = objective.head_flops(model, b, train.seq_len, args)
+    if head is None:  # the tied LM head on the predicted tokens
+        head = 2 * round(predicted * b) * (d * e + e * model.vocab_size if e else d * model.vocab_size)
+    forward += head
     if train.pair_loss() != "none":  # BERT's pooler and the two-way classifier on each [CLS]
         forward += 2 * b * d * d + 2 * b * d * 2
     return 3 * forward

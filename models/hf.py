@@ -8,7 +8,7 @@ not need it, loading one does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -61,6 +61,18 @@ def hf_layout(model: Transformer) -> HFLayout:
     if _standard(model) and cfg.arch == "encoder" and cfg.norm_position == "pre":
         return _xlm_roberta_xl(model)
     return _remote(model)
+
+
+def without_lm_head(layout: HFLayout, objective: str) -> HFLayout:
+    """The layout of a model whose objective never trained its tied LM head (ELECTRA's discriminator):
+    no LM class and no fill-mask pipeline, only the backbone and the sequence classifier."""
+    config = {key: value for key, value in layout.config.items() if key != "custom_pipelines"}
+    lm_classes = ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM")
+    auto_map = {key: value for key, value in config.pop("auto_map", {}).items() if key not in lm_classes}
+    if auto_map:
+        config["auto_map"] = auto_map
+    why = f"{layout.why}; its LM head was never trained (objective {objective}): load the backbone"
+    return replace(layout, config=config, why=why)
 
 
 # what makes `pipeline("fill-mask", model=path)` use an encoder's trained head (models/hf_remote.py)

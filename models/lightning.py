@@ -23,7 +23,7 @@ from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
 from models.input_formats import PAIR_FORMATS, InputFormat, Rows, SentenceIndex, format_rows
 from models.objectives import OBJECTIVES
-from models.objectives.base import batch_generator
+from models.objectives.base import Terms, batch_generator
 from models.pair import stacked_pairs
 from models.training import derived_seed, read_losses
 from models.transformer import Transformer, weight_decay_groups
@@ -306,9 +306,10 @@ class PretrainModule(L.LightningModule):
         self.model_cfg = ModelConfig(**model)
         self.cfg = TrainConfig(**train)
         self.model = Transformer(self.model_cfg)
-        # BERT's pooler and next-sentence (or ALBERT's sentence-order) classifier on the [CLS] state: a
-        # pretraining head, not part of the exported model
+        # BERT's pooler and next-sentence (or ALBERT's sentence-order) classifier on the [CLS] state, and
+        # an objective's own head (ELECTRA's generator): pretraining heads, not part of the exported model
         self.pair_head = pair_head(self.model_cfg) if self.cfg.pair_loss() != "none" else None
+        self.objective_head = OBJECTIVES[self.cfg.objective].head(self.model_cfg, self.cfg.objective_args)
         self.compile = compile
         self._token_loss = token_loss
         self.history: list[dict[str, float]] = []
@@ -323,27 +324,36 @@ class PretrainModule(L.LightningModule):
             self.model.compile()  # in place: parameter names and the state dict stay as they are
             self._token_loss = torch.compile(token_loss)
 
-    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
-        """Cross-entropy, correct predictions and the number of predicted tokens; with a pair head, its
-        loss and accuracy kept in `pair_terms` (what validation reports beside the token loss)."""
+    def terms(self, batch: dict[str, Tensor]) -> Terms:
+        """The step's terms: the token loss, with the pair head's loss and accuracy beside it where
+        there is one; an objective with its own head computes them there."""
+        if self.objective_head is not None:
+            return self.objective_head(self.model, batch)
         if self.pair_head is None:
             logits, labels = self.model.arch.logits_and_labels(self.model, batch)
             loss, correct = self._token_loss(logits, labels)
-            return loss, correct, labels.numel()
+            return Terms(loss, correct, labels.numel())
         hidden = self.model(
             batch["input_ids"], batch.get("pad_mask"), prefix_lengths=batch.get("prefix_lengths")
         )
         logits, labels = self.model.arch.logits_and_labels(self.model, batch, hidden)
         loss, correct = self._token_loss(logits, labels)
         pair_logits = self.pair_head(hidden[:, 0])
+        pair_loss = F.cross_entropy(pair_logits.float(), batch["pair_labels"])
         pair_correct = (pair_logits.argmax(-1) == batch["pair_labels"]).float().mean()
-        self.pair_terms = (F.cross_entropy(pair_logits.float(), batch["pair_labels"]), pair_correct)
-        return loss, correct, labels.numel()
+        name = self.cfg.pair_loss()
+        return Terms(loss, correct, labels.numel(), {name: (pair_loss, 1.0)}, {name: pair_correct})
+
+    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
+        """The token loss, its correct predictions and the number of predicted tokens."""
+        terms = self.terms(batch)
+        return terms.loss, terms.correct, terms.count
 
     def training_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
-        """What a step minimises: the token loss, plus the pair loss where there is one (BERT's sum)."""
-        loss, correct, count = self.loss(batch)
-        return (loss if self.pair_head is None else loss + self.pair_terms[0]), correct, count
+        """What a step minimises (BERT's sum of the token and pair losses), its correct predictions and
+        predicted tokens."""
+        terms = self.terms(batch)
+        return terms.total(), terms.correct, terms.count
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # dropout draws from a stream fixed by the step, so a resumed run repeats it exactly
@@ -351,11 +361,12 @@ class PretrainModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         # nothing here reads a tensor on the host: the CPU queues the next steps while the GPU works
-        loss, correct, count = self.training_loss(batch)
+        terms = self.terms(batch)
+        loss = terms.total()
         self._train_losses.append((self.global_step, loss.detach()))  # logged per step, below
-        self.log(f"train/{self.cfg.objective}_accuracy", correct / count)
-        if self.pair_head is not None:
-            self.log(f"train/{self.cfg.pair_loss()}_accuracy", self.pair_terms[1])
+        self.log(f"train/{self.cfg.objective}_accuracy", terms.correct / terms.count)
+        for name, accuracy in terms.accuracies.items():
+            self.log(f"train/{name}_accuracy", accuracy)
         return loss
 
     def _step_loss(self, step: int) -> Tensor:
@@ -419,14 +430,16 @@ class PretrainModule(L.LightningModule):
         self._read_train_losses()  # the curve stays in step order
         # loss * tokens, correct, tokens: summed on the device, read once at the end
         self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-        self._val_pair_sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # accuracy, batches
+        self._val_accuracy_sums: dict[str, Tensor] = {}  # the terms' accuracies summed, and batches
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        loss, correct, count = self.loss(batch)
+        terms = self.terms(batch)
+        loss, count = terms.loss, terms.count
         tokens = torch.full((), count, dtype=torch.float64, device=loss.device)  # a fill, not a copy
-        self._val_sums += torch.stack([loss.double() * count, correct.double(), tokens])
-        if self.pair_head is not None:
-            self._val_pair_sums += torch.stack([self.pair_terms[1].double(), torch.ones_like(tokens)])
+        self._val_sums += torch.stack([loss.double() * count, terms.correct.double(), tokens])
+        for name, accuracy in terms.accuracies.items():
+            summed = torch.stack([accuracy.double(), torch.ones_like(tokens)])
+            self._val_accuracy_sums[name] = self._val_accuracy_sums.get(name, 0) + summed
 
     def on_validation_epoch_end(self) -> None:
         sums = self.all_gather(self._val_sums).reshape(-1, 3).sum(0)
@@ -435,15 +448,16 @@ class PretrainModule(L.LightningModule):
         self.log(f"val/{self.cfg.objective}_accuracy", float(sums[1] / sums[2]))
         # perplexities of different objectives are different quantities: named by objective
         self.log(f"val/{self.cfg.objective}_perplexity", math.exp(loss))
-        if self.pair_head is not None:  # the token loss above is the pair-free formats' quantity
-            pairs = self.all_gather(self._val_pair_sums).reshape(-1, 2).sum(0)
-            self.log(f"val/{self.cfg.pair_loss()}_accuracy", float(pairs[0] / pairs[1]))
+        for name, summed in self._val_accuracy_sums.items():  # beside the token loss: a pair head's
+            summed = self.all_gather(summed).reshape(-1, 2).sum(0)
+            self.log(f"val/{name}_accuracy", float(summed[0] / summed[1]))
         self.history.append({"step": self.global_step, "val_loss": loss})
 
     def configure_optimizers(self) -> dict[str, Any]:
         groups = weight_decay_groups(self.model, self.cfg.weight_decay)
-        if self.pair_head is not None:
-            groups += weight_decay_groups(self.pair_head, self.cfg.weight_decay)
+        for head in (self.pair_head, self.objective_head):
+            if head is not None:
+                groups += weight_decay_groups(head, self.cfg.weight_decay)
         # Lightning refuses to clip the gradients of a fused optimizer under mixed precision
         mixed = str(self.trainer.precision).endswith("mixed")
         kwargs = {"foreach": True} if mixed or self.device.type not in ("cuda", "cpu") else {"fused": True}

@@ -26,6 +26,8 @@ class Pair:
     input_lengths: Tensor | None = None  # [B]
     target_lengths: Tensor | None = None  # [B]
     noise: Tensor | None = None  # [B, I] bool, aligned pairs: the corrupted positions, the scored ones
+    # an objective's own tensors, passed into the batch as they are (ELECTRA's sampling uniforms)
+    extras: dict[str, Tensor] | None = None
 
 
 def stacked_pairs(pairs: list[Pair]) -> Pair:

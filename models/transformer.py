@@ -325,6 +325,14 @@ class Transformer(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def _embed(self, ids: Tensor) -> Tensor:
+        x = self.embeddings(ids)
+        if self.embed_projection is not None:
+            x = self.embed_projection(x)
+        return self.drop(x)
+
+    def embeddings(self, ids: Tensor) -> Tensor:
+        """The tokens' embeddings with their positions and segments, before any projection (E wide
+        with factorized embeddings): what ELECTRA's generator shares."""
         if ids.shape[1] > self.cfg.max_len:
             raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds max_len={self.cfg.max_len}")
         x = self.embed(ids)
@@ -334,9 +342,7 @@ class Transformer(nn.Module):
             x = x + self.positions.weight[: ids.shape[1]]
         elif self.cfg.positions == "sinusoidal":
             x = x + self.sinusoid[: ids.shape[1]].to(x.dtype)
-        if self.embed_projection is not None:
-            x = self.embed_projection(x)
-        return self.drop(x)
+        return x
 
     def _rope(self) -> tuple[Tensor, Tensor] | None:
         return (self.rope_cos, self.rope_sin) if self.cfg.positions == "rope" else None

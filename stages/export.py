@@ -28,12 +28,15 @@ def main(argv: list[str] | None = None) -> None:
     params = load_stage_params(ModelsSections)
     params.check_model(name)
 
-    from models.hf import hf_layout
+    from models.hf import hf_layout, without_lm_head
+    from models.objectives import OBJECTIVES
     from models.transformer import load_pretrained
 
     source = final_checkpoint(name)
     model, provenance = load_pretrained(source)
     layout = hf_layout(model)
+    if not OBJECTIVES[provenance["objective"]].trains_lm_head:  # ELECTRA's discriminator
+        layout = without_lm_head(layout, provenance["objective"])
     weights = sha256_file(source / WEIGHTS)
     tags = {"model": name, "arch": model.cfg.arch, "hf_class": layout.architecture}
     experiment = tracking_experiment()

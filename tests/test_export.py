@@ -246,3 +246,35 @@ def test_exported_encoder_fine_tunes_with_transformers_trainer(
     accuracy = float((np.argmax(logits, -1) == [r["label"] for r in dev]).mean())
     majority = max(np.mean([r["label"] for r in dev]), 1 - np.mean([r["label"] for r in dev]))
     assert accuracy > 0.85 > majority + 0.2, (accuracy, majority)
+
+
+@pytest.mark.parametrize("variant", [{}, {"positions": "rope"}], ids=["native", "remote"])
+def test_an_electra_discriminator_exports_its_backbone_without_an_lm_class(
+    tmp_path: Path, real_text: tuple[Path, list[str]], variant: dict
+) -> None:
+    """ELECTRA never trains the discriminator's tied LM head: the export offers no LM class and no
+    fill-mask pipeline, says why, and its hidden states are ours."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from models.hf import hf_layout, without_lm_head
+
+    spm_model, lines = real_text
+    vocab = spm.SentencePieceProcessor(model_file=str(spm_model)).get_piece_size()
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(arch="encoder", vocab_size=vocab, **SIZE, **variant)).eval()
+    layout = without_lm_head(hf_layout(model), "electra")
+    write_export(tmp_path, model, spm_model, {"name": "test", "weights_sha256": "-"}, layout)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "custom_pipelines" not in config
+    assert "AutoModelForMaskedLM" not in config.get("auto_map", {})
+    assert (tmp_path / "modeling_lmpipe.py").exists() == bool(variant)
+    assert "LM head was never trained (objective electra)" in (tmp_path / "README.md").read_text()
+    remote = bool(variant)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=remote)
+    batch = tokenizer(lines[:8], padding=True, truncation=True, return_tensors="pt")
+    mask = batch["attention_mask"].bool()
+    theirs = AutoModel.from_pretrained(tmp_path, trust_remote_code=remote)
+    with torch.no_grad():
+        got = theirs(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        want = model.encode(batch["input_ids"], mask)
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)

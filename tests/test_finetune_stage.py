@@ -284,3 +284,44 @@ BAD_PARAMS = [
 def test_bad_finetune_params_stop_before_any_work(tuned: Workdir, overrides: dict, message: str) -> None:
     with tuned.changed({**OVERRIDES, **overrides}), pytest.raises(StageError, match=message):
         finetune(tuned, "enc")
+
+
+def test_an_electra_discriminator_pretrains_exports_and_fine_tunes_on_every_task(
+    sample_pipeline: Workdir,
+) -> None:
+    """ELECTRA's model through the stages: pretrain (generator and discriminator), the export of the
+    discriminator (no fill-mask: its LM head was never trained) and a fine-tune of both inits on every
+    task of the sample (a classification, a regression, a pair)."""
+    model = {"arch": "encoder", "objective": "electra", "preset": "tiny"}
+    from stages import export, glue_prepare
+
+    tasks = DEFAULT_PARAMS["glue"]["tasks"]
+    recipe = {
+        f"finetune.tasks.{task}.{key}": value
+        for task in tasks
+        for key, value in (("max_train_rows", 32), ("epochs", 1))
+    }
+    overrides = {
+        **OVERRIDES,
+        "models": {"other": model},
+        "glue.tasks": tasks,
+        "finetune.seeds": [1],
+        **recipe,
+    }
+    with sample_pipeline.changed(overrides):
+        with contextlib.chdir(sample_pipeline.path):
+            glue_prepare.main()
+        run_stages(sample_pipeline, "pretrain", "other")
+        with contextlib.chdir(sample_pipeline.path):
+            export.main(["other"])
+        finetune(sample_pipeline, "other")
+        config = json.loads((sample_pipeline.path / "checkpoints/other/hf/config.json").read_text())
+        assert ("custom_pipelines" in config) == (
+            model["objective"] != "electra"
+        )  # fill-mask: a trained head
+        for task in tasks:
+            for init in ("pretrained", "scratch"):
+                summary = json.loads(
+                    (sample_pipeline.path / "data/finetune/other" / init / task / "summary.json").read_text()
+                )
+                assert summary["train_rows"] == 32 and set(summary["seeds"]) == {"1"}

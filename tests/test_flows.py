@@ -514,7 +514,7 @@ def test_depth_width_rows_have_the_same_block_weights_and_train_on_equal_flops()
     """BERT's deep-narrow and shallow-wide encoders: the same matmul weights in their blocks (6·1088² ≈
     12·768²), so the same FLOPs a token but the LM head's; the sweep gives both the baseline's FLOPs."""
     from flows.profile import validate
-    from models.flops import block_weights
+    from models.stack_flops import block_weights
 
     points = preset_points("depth_width")
     overrides = [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in points]
@@ -555,6 +555,31 @@ def test_albert_rows_cut_parameters_not_flops_and_train_on_equal_flops() -> None
     )
     _, words = equal_flops_budget(validated, baseline_index(points, None, "albert"))
     assert words.endswith("what encoder_mlm spends on its 200 steps")
+
+
+def test_electra_rows_pay_for_their_generator_in_steps_at_equal_flops() -> None:
+    """MLM against ELECTRA at four generator widths: a wider generator costs more a step, so at the
+    MLM's FLOPs each ELECTRA row gets fewer steps, the widest the fewest."""
+    from flows.profile import validate
+    from lmpipe.pretraining import planned_train_flops
+
+    points = preset_points("electra")
+    assert [p.get("objectives.electra.generator_width") for p in points] == [None, 0.125, 0.25, 0.5, 1.0]
+    overrides = [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in points]
+    validated = [validate(ROOT, point, "params.yaml") for point in overrides]
+    budget, words = equal_flops_budget(validated, baseline_index(points, None, "electra"))
+    assert words.endswith("what encoder_mlm spends on its 200 steps")
+    vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
+    steps = []
+    for params in validated:
+        (name,) = params.models
+        at_budget = params.model_copy(
+            update={"pretrain": params.pretrain.model_copy(update={"max_flops": budget})}
+        )
+        steps.append(
+            planned_train_flops(at_budget, name, vocab) / (planned_train_flops(params, name, vocab) / 200)
+        )
+    assert steps[0] == pytest.approx(200) and 200 > steps[1] > steps[2] > steps[3] > steps[4], steps
 
 
 def test_t5_table_rows_have_the_tables_parameters_and_costs() -> None:

@@ -132,7 +132,7 @@ def test_a_pair_format_trains_its_head_and_counts_its_flops(tmp_path: Path) -> N
     assert set(batch) >= {"input_ids", "pad_mask", "positions", "labels", "pair_labels"}
     module = assert_learns(model, train, batch, steps=8)
     assert module.pair_head is not None and module.model.segments is not None
-    assert module.pair_terms[0] < 0.69  # the pair loss below chance too
+    assert module.terms(batch).extra["nsp"][0] < 0.69  # the pair loss below chance too
     plain = train_config("encoder", "mlm", PretrainParams(seq_len=32, batch_size=8), objectives_params(), 1)
     assert PretrainModule(model.to_dict(), plain.__dict__).pair_head is None  # no pairs, no pair loss
     head = 3 * 8 * (2 * 32 * 32 + 2 * 32 * 2)

@@ -44,7 +44,7 @@ def aligned_batch(pair: Pair) -> dict[str, Tensor]:
     batch = {"input_ids": pair.inputs, "positions": positions, "labels": pair.targets.reshape(-1)[positions]}
     if pair.input_lengths is not None:
         batch["pad_mask"] = padding_mask(pair.input_lengths, pair.inputs.shape[1])
-    return batch
+    return batch | (pair.extras or {})
 
 
 def masked_mean(states: Tensor, pad_mask: Tensor) -> Tensor:

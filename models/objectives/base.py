@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 from models.pair import Pair, PairKind
@@ -18,7 +18,9 @@ from models.pair import Pair, PairKind
 # when it validates params.yaml
 if TYPE_CHECKING:
     import torch
-    from torch import Tensor
+    from torch import Tensor, nn
+
+    from models.config import ModelConfig
 
 Args = Mapping[str, Any]  # params.yaml `objectives.<name>`
 
@@ -56,6 +58,23 @@ class ObjectiveParams:
                 raise ValueError(f"{spec.name}: {value!r} must be {' and '.join(broken)}")
 
 
+@dataclass
+class Terms:
+    """What a pretraining step computes: the objective's token loss (validation's `val/loss`), its
+    correct predictions and predicted tokens; losses beside it, each with its weight in the step's
+    sum (a pair loss, ELECTRA's replaced-token detection), and accuracies logged by name."""
+
+    loss: Tensor
+    correct: Tensor
+    count: int
+    extra: dict[str, tuple[Tensor, float]] = field(default_factory=dict)
+    accuracies: dict[str, Tensor] = field(default_factory=dict)
+
+    def total(self) -> Tensor:
+        """What the step minimises: the token loss and the weighted extra losses."""
+        return self.loss + sum(weight * loss for loss, weight in self.extra.values())
+
+
 class Objective(ABC):
     """A pretraining objective: the tokens a row reads, the pair it makes of rows, and the widths of
     that pair (what the FLOPs count needs)."""
@@ -63,6 +82,7 @@ class Objective(ABC):
     name: ClassVar[str]
     kind: ClassVar[PairKind | None]  # None: a mixture, its components' kinds
     Params: ClassVar[type[ObjectiveParams]] = ObjectiveParams
+    trains_lm_head: ClassVar[bool] = True  # the model's tied LM head: what its export's LM class runs
 
     def components(self, args: Args) -> list[tuple[float, Objective, Args]]:
         """(share, objective, its args) of what makes a batch: this objective, or a mixture's parts."""
@@ -79,6 +99,22 @@ class Objective(ABC):
 
     @abstractmethod
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair: ...
+
+    def head(self, model: ModelConfig, args: Args) -> nn.Module | None:
+        """A pretraining-only module that computes the step's `Terms` from the model and the batch in
+        place of the LM head (ELECTRA's generator and discriminator head), trained beside the model and
+        left out of its export; None: the model's tied LM head on the pair's targets."""
+        return None
+
+    def example_extras(self, predicted: int) -> dict[str, Tensor]:
+        """The pair's `extras` for a batch of `predicted` scored tokens, on the meta device (the FLOPs
+        count's example batch)."""
+        return {}
+
+    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int | None:
+        """The forward FLOPs of `head` beside the model's stacks (which it runs once), for the
+        estimate; None: the tied LM head on the predicted tokens."""
+        return None
 
     @abstractmethod
     def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:

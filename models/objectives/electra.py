@@ -1,0 +1,204 @@
+"""ELECTRA's replaced-token detection (Clark et al., 2020). A small generator, a masked LM that shares
+the discriminator's embeddings, predicts the masked tokens and fills their places with samples from
+its softmax (no gradient through the samples); the discriminator, the model itself (what fine-tunes
+and exports), labels every real token original or replaced. The step minimises the generator's
+masked-LM loss plus 50 × the discriminator's loss over all tokens: it learns from every token, not
+from the 15 % that are masked. As google-research/electra: [MASK] at 85 % of the selected tokens, the
+rest kept (no random tokens); a token counts as replaced only where the sample differs from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from models.objectives.base import Args, Objective, ObjectiveParams, Pair, Terms
+from models.objectives.mlm import mask_tokens
+from models.stack_flops import stack_forward_flops
+
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ElectraParams(ObjectiveParams):
+    mask_rate: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
+    mask_fraction: float = field(
+        default=0.85, metadata={"ge": 0.0, "le": 1.0, "description": "of the selected: [MASK]; the rest kept"}
+    )
+    generator_width: float = field(
+        default=0.25,
+        metadata={
+            "gt": 0.0,
+            "le": 1.0,
+            "description": "the generator's width, heads and MLP as a fraction of the discriminator's (its "
+            "depth is the discriminator's; ELECTRA: 1/4)",
+        },
+    )
+    discriminator_weight: float = field(
+        default=50.0, metadata={"gt": 0.0, "description": "λ of the discriminator's loss (ELECTRA: 50)"}
+    )
+
+
+def generator_config(model: ModelConfig, width: float) -> ModelConfig:
+    """The generator's shape: the discriminator's depth, its width, heads and MLP times `width` (the
+    head size even, so rotary positions fit); its own stack, no sharing, embeddings from the
+    discriminator."""
+    heads = max(1, round(model.n_heads * width))
+    d_model = max(2 * heads, round(model.d_model * width / (2 * heads)) * 2 * heads)
+    return model.with_(
+        d_model=d_model,
+        n_heads=heads,
+        d_ff=max(1, round(model.d_ff * width)),
+        embedding_size=None,
+        share_layers="none",
+        layer_groups=1,
+        segment_embeddings=False,
+    )
+
+
+def detector_head(d_model: int, init_std: float) -> nn.Module:
+    """ELECTRA's discriminator head: a dense layer, GELU and one logit a token (replaced or not)."""
+    import torch
+
+    head = torch.nn.Sequential(
+        torch.nn.Linear(d_model, d_model), torch.nn.GELU(), torch.nn.Linear(d_model, 1)
+    )
+    for layer in (head[0], head[2]):
+        torch.nn.init.normal_(layer.weight, std=init_std)
+        torch.nn.init.zeros_(layer.bias)
+    return head
+
+
+def replace_tokens(
+    ids: Tensor, positions: Tensor, labels: Tensor, logits: Tensor, uniforms: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The discriminator's input and its labels: at each masked position (flat index) a sample from the
+    generator's softmax, drawn by inverse CDF with that position's uniform from the batch (so seeded
+    and resumable, with no gradient through it); replaced (1.0) where the sample differs from the
+    original token, original (0.0) everywhere else."""
+    import torch
+
+    with torch.no_grad():
+        cdf = logits.detach().float().softmax(-1).cumsum(-1)
+        targets = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]  # the sum's rounding: never past the end
+        sampled = torch.searchsorted(cdf, targets).squeeze(1).clamp(max=logits.shape[-1] - 1)
+    flat = ids.reshape(-1)
+    fake = flat.index_copy(0, positions, sampled).view_as(ids)
+    differs = (sampled != labels).float()
+    replaced = torch.zeros(flat.shape, dtype=torch.float32, device=flat.device).index_copy(
+        0, positions, differs
+    )
+    return fake, replaced
+
+
+def make_head(model: ModelConfig, args: Args) -> nn.Module:
+    """The generator and the discriminator's head: a module built here, so that this file imports no
+    torch at the top (params validation imports the objectives)."""
+    import torch
+    import torch.nn.functional as F
+
+    from models.transformer import Stack, Transformer, rope_tables
+
+    class Generator(torch.nn.Module):
+        """A masked LM on the discriminator's embeddings: projected to its width, its own stack, its
+        predictions tied back through the same projection to the shared token embeddings."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.cfg = generator_config(model, args["generator_width"])
+            self.projection = torch.nn.Linear(
+                model.embedding_size or model.d_model, self.cfg.d_model, bias=model.bias
+            )
+            self.stack = Stack(self.cfg, model.n_layers, causal=False, cross=False)
+            self.drop = torch.nn.Dropout(model.dropout)
+            if model.positions == "rope":
+                cos, sin = rope_tables(model.max_len, self.cfg.head_dim)
+                self.register_buffer("rope_cos", cos, persistent=False)
+                self.register_buffer("rope_sin", sin, persistent=False)
+            for module in self.modules():
+                if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+                    torch.nn.init.normal_(module.weight, std=model.init_std)
+                    if getattr(module, "bias", None) is not None:
+                        torch.nn.init.zeros_(module.bias)
+
+        def forward(
+            self, discriminator: Transformer, ids: Tensor, pad_mask: Tensor | None, positions: Tensor
+        ) -> Tensor:
+            """Logits over the vocabulary at `positions` (flat indices into the batch)."""
+            rope = (self.rope_cos, self.rope_sin) if model.positions == "rope" else None
+            states = self.stack(self.drop(self.projection(discriminator.embeddings(ids))), pad_mask, rope)
+            picked = states.reshape(-1, self.cfg.d_model).index_select(0, positions)
+            return F.linear(picked @ self.projection.weight, discriminator.embed.weight)
+
+    class ElectraHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.generator = Generator()
+            self.detector = detector_head(model.d_model, model.init_std)
+            self.weight = args["discriminator_weight"]
+
+        def forward(self, discriminator: Transformer, batch: dict[str, Tensor]) -> Terms:
+            ids, positions, labels = batch["input_ids"], batch["positions"], batch["labels"]
+            pad_mask = batch.get("pad_mask")
+            logits = self.generator(discriminator, ids, pad_mask, positions)
+            loss = F.cross_entropy(logits.float(), labels)
+            correct = (logits.argmax(-1) == labels).sum()
+            fake, replaced = replace_tokens(ids, positions, labels, logits, batch["sample_uniforms"])
+            hidden = discriminator(fake, pad_mask, prefix_lengths=batch.get("prefix_lengths"))
+            scores = self.detector(hidden).float().reshape(-1)
+            weights = torch.ones_like(replaced) if pad_mask is None else pad_mask.reshape(-1).float()
+            detection = F.binary_cross_entropy_with_logits(scores, replaced, weight=weights, reduction="sum")
+            detection = detection / weights.sum()
+            accuracy = (((scores > 0).float() == replaced).float() * weights).sum() / weights.sum()
+            terms = {"replaced": (detection, self.weight)}
+            return Terms(loss, correct, labels.numel(), terms, {"replaced": accuracy})
+
+    return ElectraHead()
+
+
+class Electra(Objective):
+    name, kind, Params = "electra", "aligned", ElectraParams
+    trains_lm_head = False  # the generator predicts tokens; the model (the discriminator) detects them
+
+    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
+        import torch
+
+        masked = mask_tokens(rows, generator, vocab_size, args["mask_rate"], args["mask_fraction"], 0.0)
+        # one uniform a selected token, in the order of its flat position: the generator's sample there
+        uniforms = torch.rand(masked.positions.shape, generator=generator)
+        return Pair(masked.input_ids, rows, noise=masked.selected, extras={"sample_uniforms": uniforms})
+
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+        return seq_len, seq_len, args["mask_rate"] * seq_len  # the generator's expected predictions
+
+    def head(self, model: ModelConfig, args: Args) -> nn.Module:
+        return make_head(model, args)
+
+    def example_extras(self, predicted: int) -> dict[str, Tensor]:
+        import torch
+
+        return {"sample_uniforms": torch.zeros(predicted, device="meta")}
+
+    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int:
+        """The generator (its projection, stack and tied LM head at the masked tokens) and the
+        discriminator's head on every token."""
+
+        gen, b, e = (
+            generator_config(model, args["generator_width"]),
+            batch_size,
+            model.embedding_size or model.d_model,
+        )
+        predicted = round(args["mask_rate"] * seq_len * b)
+        flops = 2 * b * seq_len * e * gen.d_model + stack_forward_flops(
+            b, seq_len, model.n_layers, gen.d_model, gen.d_ff, gen.mlp
+        )
+        flops += 2 * predicted * (gen.d_model * e + e * model.vocab_size)
+        return flops + 2 * b * seq_len * (model.d_model * model.d_model + model.d_model)
+
+
+OBJECTIVE = Electra()

@@ -1,0 +1,152 @@
+"""ELECTRA: the generator's samples replace the masked tokens (seeded, no gradient through them), a
+token is labelled replaced only where it differs, both losses train, the FLOPs count includes the
+generator, and bad params are one line naming the key."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from lmpipe.params.pretrain import PretrainParams, objectives_params
+from lmpipe.params.project import parse_params
+from lmpipe.pretraining import train_config
+from lmpipe.runtime import StageError
+from models.config import ModelConfig
+from models.flops import count_step_flops, estimate_step_flops
+from models.lightning import PretrainModule, make_batch
+from models.objectives.base import batch_generator
+from models.objectives.electra import generator_config, replace_tokens
+from models.special import SPECIAL
+from tests.test_pairs import assert_learns
+from tests.workdir import DEFAULT_PARAMS
+
+MODEL = ModelConfig(arch="encoder", vocab_size=1000, d_model=64, n_layers=2, n_heads=4, d_ff=160, max_len=64)
+
+
+def electra(width: float = 0.25, **pretrain):
+    args = objectives_params({"electra": {"generator_width": width}})
+    return train_config("encoder", "electra", PretrainParams(seq_len=32, batch_size=8, **pretrain), args, 3)
+
+
+def rows(seed: int = 0) -> torch.Tensor:
+    return torch.randint(SPECIAL.n_special, 1000, (8, 32), generator=torch.Generator().manual_seed(seed))
+
+
+def test_masks_are_electras_and_each_masked_token_has_its_own_seeded_uniform() -> None:
+    """[MASK] at 85 % of the selected, the rest kept, never a random token; one uniform per selected
+    token, a function of the seed and the micro-batch index like the masks."""
+    train = electra()
+    original = torch.randint(SPECIAL.n_special, 1000, (64, 128), generator=torch.Generator().manual_seed(1))
+    batch = make_batch(original, train, batch_generator(3, 0), 1000)
+    selected = batch["labels"]
+    inputs = batch["input_ids"].reshape(-1)[batch["positions"]]
+    masked = float((inputs == SPECIAL.mask).float().mean())
+    assert 0.80 < masked < 0.90 and bool(((inputs == SPECIAL.mask) | (inputs == selected)).all())
+    assert batch["sample_uniforms"].shape == selected.shape
+    again = make_batch(original, train, batch_generator(3, 0), 1000)
+    assert torch.equal(batch["sample_uniforms"], again["sample_uniforms"])
+    other = make_batch(original, train, batch_generator(3, 1), 1000)
+    assert not torch.equal(batch["positions"], other["positions"])
+
+
+def test_a_sample_follows_the_softmax_and_counts_as_replaced_only_where_it_differs() -> None:
+    ids = torch.tensor([[5, SPECIAL.mask, 7, SPECIAL.mask]])
+    positions, labels = torch.tensor([1, 3]), torch.tensor([9, 8])
+    logits = torch.full((2, 12), -1e4)
+    logits[0, 9] = logits[1, 4] = 0.0  # the first sample is the original token, the second is not
+    fake, replaced = replace_tokens(ids, positions, labels, logits, torch.tensor([0.3, 0.7]))
+    assert fake.tolist() == [[5, 9, 7, 4]] and replaced.tolist() == [0.0, 0.0, 0.0, 1.0]
+    # inverse CDF: a grid of uniforms lands on each token in proportion to its probability
+    probabilities = torch.tensor([0.1, 0.6, 0.3])
+    grid = (torch.arange(1000) + 0.5) / 1000
+    picks = replace_tokens(
+        torch.zeros(1, 1000, dtype=torch.long),
+        torch.arange(1000),
+        torch.zeros(1000, dtype=torch.long),
+        probabilities.log().expand(1000, 3),
+        grid,
+    )[0]
+    assert torch.bincount(picks[0], minlength=3).tolist() == [100, 600, 300]
+
+
+def test_both_losses_train_and_no_gradient_reaches_the_generator_through_its_samples() -> None:
+    train = electra()
+    batch = make_batch(rows(), train, batch_generator(3, 0), 1000)
+    module = assert_learns(MODEL, train, batch, steps=8)
+    terms = module.terms(batch)
+    detection, weight = terms.extra["replaced"]
+    assert weight == 50.0 and 0.0 <= float(terms.accuracies["replaced"]) <= 1.0
+    module.zero_grad()
+    detection.backward()  # the discriminator's loss alone
+    generator = module.objective_head.generator
+    assert all(p.grad is None or not p.grad.any() for p in generator.stack.parameters())
+    assert module.model.embed.weight.grad.any()  # shared embeddings: the discriminator's reads them
+    # the discriminator is the model: what fine-tunes and exports, with no generator in it
+    assert not any(name.startswith("objective_head") for name in module.model.state_dict())
+
+
+@pytest.mark.parametrize("width", [0.125, 0.25, 0.5, 1.0])
+@pytest.mark.parametrize("changes", [{}, {"embedding_size": 32, "positions": "rope"}, {"arch": "prefix_lm"}])
+def test_the_flops_count_includes_the_generator_and_equals_the_estimate(width: float, changes: dict) -> None:
+    arch = changes.get("arch", "encoder")
+    model = MODEL.with_(**changes)
+    args = objectives_params({"electra": {"generator_width": width}})
+    train = train_config(arch, "electra", PretrainParams(seq_len=32, batch_size=8), args, 3)
+    counted = count_step_flops(model, train)
+    assert counted == estimate_step_flops(model, train)
+    mlm = train_config(arch, "mlm", PretrainParams(seq_len=32, batch_size=8), objectives_params(), 3)
+    assert counted > count_step_flops(model, mlm)  # the generator and the head on every token
+    if width < 1.0:
+        wider = train_config(
+            arch,
+            "electra",
+            PretrainParams(seq_len=32, batch_size=8),
+            objectives_params({"electra": {"generator_width": width * 2}}),
+            3,
+        )
+        assert count_step_flops(model, wider) > counted
+
+
+def test_generator_shapes_scale_with_the_width() -> None:
+    base = ModelConfig(arch="encoder", d_model=256, n_heads=4, d_ff=1024)
+    shapes = [
+        (c.d_model, c.n_heads, c.d_ff) for c in (generator_config(base, w) for w in (0.125, 0.25, 0.5, 1.0))
+    ]
+    assert shapes == [(32, 1, 128), (64, 1, 256), (128, 2, 512), (256, 4, 1024)]
+
+
+def test_the_same_batch_and_seed_give_the_same_step() -> None:
+    train = electra()
+    batch = make_batch(rows(), train, batch_generator(3, 0), 1000)
+    losses = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        module = PretrainModule(MODEL.to_dict(), train.__dict__)
+        losses.append(module.training_loss(batch)[0].item())
+    assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"objectives": {"electra": {"generator_width": 1.5}}},
+            "objectives.electra.generator_width=1.5: Input should be less than or equal to 1",
+        ),
+        (
+            {"models": {"decoder_clm": {"objective": "electra"}}},
+            "models.decoder_clm.objective='electra': does not fit arch 'decoder'",
+        ),
+    ],
+)
+def test_bad_electra_params_are_one_line_naming_the_key(changes: dict, expected: str) -> None:
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    for section, values in changes.items():
+        for key, value in values.items():
+            raw[section][key].update(value)
+    with pytest.raises(StageError) as info:
+        parse_params(raw)
+    assert "\n" not in str(info.value)
+    assert expected in str(info.value)

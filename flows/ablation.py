@@ -168,7 +168,8 @@ def from_t5_model(name: str, objective: str) -> dict[str, Any]:
 # 2023 found larger models better off) and its 80/10/10 ablation; the BERT, GPT and T5 systems side by
 # side; T5's architectures × objectives, its objectives, corruption rates and span lengths; BART's noise;
 # RoBERTa's input formats and static vs dynamic masking; positions; depth against width; ALBERT's
-# factorized embeddings and shared layers; ELECTRA against the masked LM; BERT's poolings for fine-tuning;
+# factorized embeddings and shared layers; SpanBERT's spans; ELECTRA against the masked LM; BERT's
+# poolings for fine-tuning;
 # GPT-1's auxiliary LM loss.
 # A preset is a grid, or a function of the params a point starts from (the profile's sizes); a point
 # that leaves a swept key out keeps the params' value there.
@@ -217,6 +218,14 @@ PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
     "depth_width": depth_width,
     "input_format": input_format,
     "albert": albert,
+    # SpanBERT's masking schemes: BERT's tokens, whole words, geometric spans of whole words, and the
+    # spans with the span-boundary objective beside the masked LM (SpanBERT as built)
+    "span_masking": [
+        {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_unit": "token", f"{MLM}.boundary_loss": False},
+        {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_unit": "word", f"{MLM}.boundary_loss": False},
+        {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_unit": "span", f"{MLM}.boundary_loss": False},
+        {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_unit": "span", f"{MLM}.boundary_loss": True},
+    ],
     # BERT's masked LM against ELECTRA's replaced-token detection at four generator widths (ELECTRA's
     # generator-size figure), at equal FLOPs with the generator's counted
     "electra": [
@@ -251,6 +260,7 @@ BASELINES: dict[str, dict[str, Any]] = {
     "input_format": {MODELS_KEY: "encoder_segment_pair"},
     "albert": {MODELS_KEY: "encoder_mlm"},
     "electra": {MODELS_KEY: "encoder_mlm"},
+    "span_masking": {f"{MLM}.mask_unit": "token"},
     "pooling": {f"{POOLING}.encoder": "cls"},
     "gpt1_aux_loss": {LM_LOSS_WEIGHT: 0.5},
 }
@@ -316,6 +326,14 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
             80.1 - 82.3,
             "ALBERT, Table 2: ALBERT-base (E 128, all shared, SOP) vs BERT-base, 12 M vs 108 M parameters "
             "(SQuAD, MNLI, SST-2, RACE average)",
+        )
+    ],
+    "span_masking": [
+        (
+            {f"{MLM}.mask_unit": "span", f"{MLM}.boundary_loss": True},
+            81.5 - 79.7,
+            "SpanBERT, Table 2: SpanBERT vs its BERT-1seq (single segments, token masking), MRQA average "
+            "F1 (question answering, not GLUE)",
         )
     ],
     "electra": [

@@ -58,7 +58,7 @@ def example_batch(train: TrainConfig, objective: Objective, args: Args) -> dict[
     format's labels, for its head)."""
     widths = objective.widths(train.seq_len, args)
     batch = ARCHITECTURES[train.arch].example_batch(train.batch_size, objective.kind, *widths)
-    batch |= objective.example_extras(len(batch["labels"]))
+    batch |= objective.example_extras(len(batch["labels"]), args)
     if train.pair_loss() != "none":
         batch["pair_labels"] = torch.zeros(train.batch_size, dtype=torch.long, device="meta")
     return batch

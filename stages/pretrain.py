@@ -18,6 +18,7 @@ import warnings
 from dataclasses import replace
 
 from lmpipe.layout import (
+    TOKENIZER,
     TOKENS,
     final_checkpoint,
     final_weights,
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from models.flops import count_step_flops, estimate_step_flops, peak_flops
     from models.lightning import PretrainModule, TokenDataModule
+    from models.objectives.spanbert import word_start_table
     from models.training import NonFiniteLoss, resolve_precision
 
     # a fixed thread count, whoever starts the stage and beside what: it changes the float bits;
@@ -116,8 +118,15 @@ def main(argv: list[str] | None = None) -> None:
         if on_gpu:
             torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32
         workers = loader_workers(run.num_workers, on_gpu, trainer.num_devices)
+        words = word_start_table(TOKENIZER / "spm.model")  # whole-word and span masking read it
         data = TokenDataModule(
-            TOKENS, train_cfg, meta["vocab_size"], meta["dtype"], workers, pin_memory=on_gpu
+            TOKENS,
+            train_cfg,
+            meta["vocab_size"],
+            meta["dtype"],
+            workers,
+            pin_memory=on_gpu,
+            word_starts=words,
         )
         if trainer.world_size * run.accumulate != micro_batches:
             processes = f"{trainer.world_size} processes, not {world_size(run)}"

@@ -25,6 +25,8 @@ ARGS = {
         "random_fraction": 0.1,
         "masking": "dynamic",
         "copies": 10,
+        "mask_unit": "token",
+        "boundary_loss": False,
     },
     "clm": {},
     "span": {"noise_density": 0.15, "mean_span_length": 3.0, "noise_mask": "random_spans"},

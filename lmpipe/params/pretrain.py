@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError, create_model, field_validator, mode
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Strict, _problems
 from models.architectures import ARCHITECTURES
-from models.input_formats import InputFormat
+from models.input_formats import PAIR_FORMATS, InputFormat
 from models.objectives import OBJECTIVES
 
 
@@ -182,6 +182,12 @@ class PretrainSections(ModelsSections):
                 raise ValueError(
                     f"{self.pretrain_key(name, 'input_format')}: {fmt} draws its rows of the masked LM "
                     f"(objective mlm) at random sentences (sampling random); {wrong}"
+                )
+            if fmt in PAIR_FORMATS and args.get("pair_loss") != "none" and args.get("boundary_loss"):
+                raise ValueError(
+                    "objectives.mlm.boundary_loss: SpanBERT's boundary objective trains single segments, "
+                    f"and {self.pretrain_key(name, 'input_format')} {fmt} trains the pair loss "
+                    f"objectives.mlm.pair_loss {args['pair_loss']} (models.{name}): set one of them off"
                 )
             if static and sampling != "epoch":
                 raise ValueError(

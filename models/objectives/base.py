@@ -106,10 +106,15 @@ class Objective(ABC):
         left out of its export; None: the model's tied LM head on the pair's targets."""
         return None
 
-    def example_extras(self, predicted: int) -> dict[str, Tensor]:
+    def example_extras(self, predicted: int, args: Args) -> dict[str, Tensor]:
         """The pair's `extras` for a batch of `predicted` scored tokens, on the meta device (the FLOPs
         count's example batch)."""
         return {}
+
+    def reads_word_starts(self, args: Args) -> bool:
+        """Whether `pair` reads `args["word_starts"]`, the tokenizer's [vocab] bool table of the pieces
+        that begin a word (SentencePiece's ▁), which `make_batch` adds to the args."""
+        return False
 
     def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int | None:
         """The forward FLOPs of `head` beside the model's stacks (which it runs once), for the

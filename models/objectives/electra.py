@@ -179,7 +179,7 @@ class Electra(Objective):
     def head(self, model: ModelConfig, args: Args) -> nn.Module:
         return make_head(model, args)
 
-    def example_extras(self, predicted: int) -> dict[str, Tensor]:
+    def example_extras(self, predicted: int, args: Args) -> dict[str, Tensor]:
         import torch
 
         return {"sample_uniforms": torch.zeros(predicted, device="meta")}

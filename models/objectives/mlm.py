@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from models.objectives import spanbert
 from models.objectives.base import Args, Objective, ObjectiveParams, Pair
 from models.special import SPECIAL, SpecialIds
 
@@ -13,7 +14,9 @@ from models.special import SPECIAL, SpecialIds
 # when it validates params.yaml
 if TYPE_CHECKING:
     import torch
-    from torch import Tensor
+    from torch import Tensor, nn
+
+    from models.config import ModelConfig
 
 
 @dataclass
@@ -74,6 +77,24 @@ class MLMParams(ObjectiveParams):
         },
     )
     copies: int = field(default=10, metadata={"ge": 1, "description": "static masking's copies (BERT: 10)"})
+    mask_unit: Literal["token", "word", "span"] = field(
+        default="token",
+        metadata={
+            "description": "token: BERT's; word: whole words; span: SpanBERT's spans of whole words, "
+            "geometric lengths (span_p, max_span); each word or span masked, replaced or kept as a whole"
+        },
+    )
+    span_p: float = field(
+        default=0.2, metadata={"gt": 0.0, "le": 1.0, "description": "span: the geometric p"}
+    )
+    max_span: int = field(default=10, metadata={"ge": 1, "description": "span: the longest span, in words"})
+    boundary_loss: bool = field(
+        default=False,
+        metadata={
+            "description": "SpanBERT's span-boundary objective beside the masked LM: each masked token "
+            "predicted from the tokens around its span and its offset (mask_unit word or span)"
+        },
+    )
     pair_loss: Literal["nsp", "sop", "none"] = field(
         default="nsp",
         metadata={
@@ -86,16 +107,44 @@ class MLMParams(ObjectiveParams):
     def check(self) -> None:
         if self.mask_fraction + self.random_fraction > 1.0:
             raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
+        if self.boundary_loss and self.mask_unit == "token":
+            raise ValueError("boundary_loss: the span-boundary objective needs spans: mask_unit word or span")
 
 
 class MaskedLM(Objective):
     name, kind, Params = "mlm", "aligned", MLMParams
 
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        masked = mask_tokens(
-            rows, generator, vocab_size, args["mask_rate"], args["mask_fraction"], args["random_fraction"]
-        )
+        split = args["mask_rate"], args["mask_fraction"], args["random_fraction"]
+        if args["mask_unit"] != "token":
+            if args.get("word_starts") is None:
+                raise ValueError(f"mask_unit {args['mask_unit']} reads word starts: none were given")
+            lengths = spanbert.span_lengths(args)
+            spans = spanbert.mask_spans(
+                rows, args["word_starts"], generator, vocab_size, split[0], lengths, *split[1:]
+            )
+            extras = {
+                "span_left": spans.span_left,
+                "span_right": spans.span_right,
+                "span_offset": spans.span_offset,
+            }
+            return Pair(spans.input_ids, rows, noise=spans.selected, extras=extras)
+        masked = mask_tokens(rows, generator, vocab_size, *split)
         return Pair(masked.input_ids, rows, noise=masked.selected)
+
+    def reads_word_starts(self, args: Args) -> bool:
+        return args["mask_unit"] != "token"
+
+    def head(self, model: ModelConfig, args: Args) -> nn.Module | None:
+        return spanbert.boundary_head(model) if args["boundary_loss"] else None
+
+    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int | None:
+        if not args["boundary_loss"]:
+            return None
+        return spanbert.boundary_head_flops(model, round(self.widths(seq_len, args)[2] * batch_size))
+
+    def example_extras(self, predicted: int, args: Args) -> dict[str, Tensor]:
+        return spanbert.example_extras(predicted) if args["boundary_loss"] else {}
 
     def static_copies(self, args: Args) -> int | None:
         return args["copies"] if args["masking"] == "static" else None

@@ -168,7 +168,8 @@ def from_t5_model(name: str, objective: str) -> dict[str, Any]:
 # 2023 found larger models better off) and its 80/10/10 ablation; the BERT, GPT and T5 systems side by
 # side; T5's architectures × objectives, its objectives, corruption rates and span lengths; BART's noise;
 # RoBERTa's input formats and static vs dynamic masking; positions; depth against width; ALBERT's
-# factorized embeddings and shared layers; SpanBERT's spans; ELECTRA against the masked LM; BERT's
+# factorized embeddings and shared layers; SpanBERT's spans; MAE-LM's decoder sizes; ELECTRA against the
+# masked LM; BERT's
 # poolings for fine-tuning;
 # GPT-1's auxiliary LM loss.
 # A preset is a grid, or a function of the params a point starts from (the profile's sizes); a point
@@ -226,6 +227,18 @@ PRESETS: dict[str, Grid | Callable[[Mapping[str, Any]], Grid]] = {
         {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_unit": "span", f"{MLM}.boundary_loss": False},
         {MODELS_KEY: "encoder_mlm", f"{MLM}.mask_unit": "span", f"{MLM}.boundary_loss": True},
     ],
+    # MAE-LM's table: BERT's masked LM against MAE-LM with its decoder of 2, 4 (MAE-LM's) and 6 layers,
+    # the same steps each (as the paper's ablations)
+    "mae_lm": [
+        {MODELS_KEY: "encoder_mlm"},
+        *(
+            {
+                MODELS_KEY: {"encoder_mae_lm": {"from": "encoder_mlm", "objective": "mae_lm"}},
+                "objectives.mae_lm.decoder_layers": layers,
+            }
+            for layers in (2, 4, 6)
+        ),
+    ],
     # BERT's masked LM against ELECTRA's replaced-token detection at four generator widths (ELECTRA's
     # generator-size figure), at equal FLOPs with the generator's counted
     "electra": [
@@ -261,6 +274,7 @@ BASELINES: dict[str, dict[str, Any]] = {
     "albert": {MODELS_KEY: "encoder_mlm"},
     "electra": {MODELS_KEY: "encoder_mlm"},
     "span_masking": {f"{MLM}.mask_unit": "token"},
+    "mae_lm": {"objectives.mae_lm.decoder_layers": 4},
     "pooling": {f"{POOLING}.encoder": "cls"},
     "gpt1_aux_loss": {LM_LOSS_WEIGHT: 0.5},
 }
@@ -335,6 +349,11 @@ PAPER_EFFECTS: dict[str, list[tuple[dict[str, Any], float, str]]] = {
             "SpanBERT, Table 2: SpanBERT vs its BERT-1seq (single segments, token masking), MRQA average "
             "F1 (question answering, not GLUE)",
         )
+    ],
+    "mae_lm": [
+        ({MODELS_KEY: "encoder_mlm"}, 85.2 - 86.1, "MAE-LM, Table 2: enc. w. [MASK] (MLM) vs MAE-LM-base"),
+        ({"objectives.mae_lm.decoder_layers": 2}, 85.8 - 86.1, "MAE-LM, Table 2: 2-layer vs 4-layer decoder"),
+        ({"objectives.mae_lm.decoder_layers": 6}, 84.8 - 86.1, "MAE-LM, Table 2: 6-layer vs 4-layer decoder"),
     ],
     "electra": [
         (

@@ -1,0 +1,101 @@
+"""MAE-LM (Meng et al., 2024, "Representation Deficiency in Masked Language Modeling"): the encoder never
+sees [MASK]. The selected tokens (15 %) are held out of the encoder's attention, as padding is, so the
+unmasked tokens are encoded from one another alone, each at its own position; a small bidirectional
+decoder (`decoder_layers`, the encoder's width; discarded after pretraining) reads the encoder's
+states with [MASK] embeddings (and their positions) in the held-out places and predicts those tokens
+through the tied LM head. Only the encoder fine-tunes and exports. The held-out tokens are masked
+out of the attention, not gathered away: the encoder computes the row's full length (the FLOPs count
+says so), where MAE-LM's gathers the 85 % it reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from models.objectives.base import Args, Objective, ObjectiveParams, Pair, Terms
+from models.objectives.mlm import mask_tokens
+from models.special import SPECIAL
+from models.stack_flops import stack_forward_flops
+
+# torch is imported where it is used: every stage, the data stages too, imports this module
+# when it validates params.yaml
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class MaeLmParams(ObjectiveParams):
+    mask_rate: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
+    decoder_layers: int = field(
+        default=4,
+        metadata={"ge": 1, "description": "the decoder's layers, at the encoder's width (MAE-LM: 4)"},
+    )
+
+
+def make_head(model: ModelConfig, args: Args) -> nn.Module:
+    import torch
+    import torch.nn.functional as F
+
+    from models.transformer import Stack, Transformer, rope_tables
+
+    class MaeLmHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layers = args["decoder_layers"]
+            self.cfg = model.with_(n_layers=layers, share_layers="none", layer_groups=1)
+            self.stack = Stack(self.cfg, layers, causal=False, cross=False)
+            if model.positions == "rope":
+                cos, sin = rope_tables(model.max_len, model.head_dim)
+                self.register_buffer("rope_cos", cos, persistent=False)
+                self.register_buffer("rope_sin", sin, persistent=False)
+            for module in self.modules():
+                if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+                    torch.nn.init.normal_(module.weight, std=model.init_std)
+                    if getattr(module, "bias", None) is not None:
+                        torch.nn.init.zeros_(module.bias)
+
+        def forward(self, encoder: Transformer, batch: dict[str, Tensor]) -> Terms:
+            ids, positions, labels = batch["input_ids"], batch["positions"], batch["labels"]
+            pad_mask = batch.get("pad_mask")
+            held_out = torch.zeros(ids.numel(), dtype=torch.bool, device=ids.device)
+            held_out = held_out.index_fill(0, positions, True).view_as(ids)
+            visible = ~held_out if pad_mask is None else pad_mask & ~held_out
+            states = encoder(ids, visible, prefix_lengths=batch.get("prefix_lengths"))
+            masks = encoder._embed(torch.full_like(ids, SPECIAL.mask))  # [MASK] at each place, its position
+            rope = (self.rope_cos, self.rope_sin) if model.positions == "rope" else None
+            decoded = self.stack(torch.where(held_out[..., None], masks, states), pad_mask, rope)
+            logits = encoder.lm_logits(decoded.reshape(-1, model.d_model).index_select(0, positions))
+            loss = F.cross_entropy(logits.float(), labels)
+            return Terms(loss, (logits.argmax(-1) == labels).sum(), labels.numel())
+
+    return MaeLmHead()
+
+
+class MaeLm(Objective):
+    name, kind, Params = "mae_lm", "aligned", MaeLmParams
+    trains_lm_head = False  # the decoder's states feed the LM head, never the encoder's
+
+    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
+        masked = mask_tokens(rows, generator, vocab_size, args["mask_rate"], 1.0, 0.0)
+        return Pair(masked.input_ids, rows, noise=masked.selected)
+
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+        return seq_len, seq_len, args["mask_rate"] * seq_len
+
+    def head(self, model: ModelConfig, args: Args) -> nn.Module:
+        return make_head(model, args)
+
+    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int:
+        """The decoder over the row, the [MASK] embeddings' projection (factorized embeddings) and the
+        tied LM head at the held-out tokens."""
+        b, d, e = batch_size, model.d_model, model.embedding_size
+        flops = stack_forward_flops(b, seq_len, args["decoder_layers"], d, model.d_ff, model.mlp)
+        flops += 2 * b * seq_len * e * d if e else 0
+        predicted = round(self.widths(seq_len, args)[2] * b)
+        return flops + 2 * predicted * (d * e + e * model.vocab_size if e else d * model.vocab_size)
+
+
+OBJECTIVE = MaeLm()

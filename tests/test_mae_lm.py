@@ -80,6 +80,10 @@ def test_the_flops_count_includes_the_decoder_and_equals_the_estimate(layers: in
             {"models": {"decoder_clm": {"objective": "mae_lm"}}},
             "models.decoder_clm.objective='mae_lm': does not fit arch 'decoder'",
         ),
+        (
+            {"objectives": {"unilm": {"components": {"bidirectional": {"objective": "mae_lm"}}}}},
+            "components.bidirectional: mae_lm trains a head of its own",
+        ),
     ],
 )
 def test_bad_mae_lm_params_are_one_line_naming_the_key(changes: dict, expected: str) -> None:

@@ -100,6 +100,10 @@ class Objective(ABC):
     @abstractmethod
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair: ...
 
+    def has_head(self, args: Args) -> bool:
+        """Whether `head` builds a module (what params validation asks, without torch)."""
+        return False
+
     def head(self, model: ModelConfig, args: Args) -> nn.Module | None:
         """A pretraining-only module that computes the step's `Terms` from the model and the batch in
         place of the LM head (ELECTRA's generator and discriminator head), trained beside the model and

@@ -176,6 +176,9 @@ class Electra(Objective):
     def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
         return seq_len, seq_len, args["mask_rate"] * seq_len  # the generator's expected predictions
 
+    def has_head(self, args: Args) -> bool:
+        return True
+
     def head(self, model: ModelConfig, args: Args) -> nn.Module:
         return make_head(model, args)
 

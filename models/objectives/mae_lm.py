@@ -85,6 +85,9 @@ class MaeLm(Objective):
     def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
         return seq_len, seq_len, args["mask_rate"] * seq_len
 
+    def has_head(self, args: Args) -> bool:
+        return True
+
     def head(self, model: ModelConfig, args: Args) -> nn.Module:
         return make_head(model, args)
 

@@ -67,6 +67,11 @@ def resolved(components: dict[str, dict[str, Any]]) -> list[tuple[str, float, Ob
             params.check()
         except ValueError as exc:
             raise ValueError(f"{where}.args: {exc}") from None
+        if objective.has_head(asdict(params)):  # PretrainModule builds the model's objective's head only
+            raise ValueError(
+                f"{where}: {objective.name} trains a head of its own (a generator, a decoder, the boundary "
+                "objective), which a mixture's component cannot: train it as a model's objective"
+            )
         found.append((name, float(weight), objective, asdict(params)))
     return found
 

@@ -135,8 +135,11 @@ class MaskedLM(Objective):
     def reads_word_starts(self, args: Args) -> bool:
         return args["mask_unit"] != "token"
 
+    def has_head(self, args: Args) -> bool:
+        return args["boundary_loss"]
+
     def head(self, model: ModelConfig, args: Args) -> nn.Module | None:
-        return spanbert.boundary_head(model) if args["boundary_loss"] else None
+        return spanbert.boundary_head(model) if self.has_head(args) else None
 
     def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int | None:
         if not args["boundary_loss"]:

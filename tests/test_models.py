@@ -139,6 +139,17 @@ def test_presets_have_the_papers_shapes() -> None:
     assert Transformer(bert).num_parameters() == pytest.approx(108.9e6, rel=0.005)
     gpt = ModelConfig(arch="decoder", vocab_size=40478, **PRESETS["gpt1"])
     assert Transformer(gpt).num_parameters() == pytest.approx(116.5e6, rel=0.01)
+    # ALBERT's Tables 3 and 4 at base size: E 128 not shared 89 M, all shared at E 768 31 M, ALBERT-base
+    # (both) 12 M, which also counts the segment embeddings, the pooler and the MLM head transform
+    counts = [
+        Transformer(bert.with_(**albert)).num_parameters() / 1e6
+        for albert in (
+            {"embedding_size": 128},
+            {"share_layers": "all"},
+            {"embedding_size": 128, "share_layers": "all"},
+        )
+    ]
+    assert counts == pytest.approx([89.1, 30.9, 11.2], abs=0.05)
 
 
 def test_config_rejects_conflicts() -> None:

@@ -135,6 +135,10 @@ def test_token_masking_is_unchanged_and_reads_no_word_starts() -> None:
             "objectives.mlm: boundary_loss: the span-boundary objective needs spans",
         ),
         (
+            {"objectives": {"mlm": {"mask_unit": "span", "boundary_loss": True, "masking": "static"}}},
+            "objectives.mlm: boundary_loss: the span-boundary objective takes masking: dynamic",
+        ),
+        (
             {"objectives": {"mlm": {"mask_unit": "span"}}, "models": {"decoder_clm": {"objective": "mlm"}}},
             "models.decoder_clm.objective='mlm': does not fit arch 'decoder'",
         ),

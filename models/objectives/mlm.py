@@ -1,5 +1,6 @@
 """BERT's masked LM: select non-special tokens at `mask_rate`; of those `mask_fraction` become [MASK],
-`random_fraction` a random token, the rest are kept; the loss is on the selected tokens only."""
+`random_fraction` a random token, the rest are kept; the loss is on the selected tokens only. Whole
+words or SpanBERT's spans, and its boundary objective, are options (models/objectives/spanbert.py)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,8 @@ class MLMParams(ObjectiveParams):
             raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
         if self.boundary_loss and self.mask_unit == "token":
             raise ValueError("boundary_loss: the span-boundary objective needs spans: mask_unit word or span")
+        if self.boundary_loss and self.masking == "static":  # static rows are stacked one by one
+            raise ValueError("boundary_loss: the span-boundary objective takes masking: dynamic")
 
 
 class MaskedLM(Objective):

@@ -19,7 +19,7 @@ from models.config import ModelConfig
 from models.lightning import PretrainModule, TrainConfig
 from models.objectives import OBJECTIVES
 from models.objectives.base import Args, Objective
-from models.stack_flops import stack_forward_flops
+from models.stack_flops import lm_head_weights, stack_forward_flops
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, by a part of
 # torch.cuda.get_device_name(); the longest matching key wins ("A100" before "A10").
@@ -104,7 +104,7 @@ def _estimate(model: ModelConfig, train: TrainConfig, objective: Objective, args
         forward += 2 * b * (t + u) * e * d
     head = objective.head_flops(model, b, train.seq_len, args)
     if head is None:  # the tied LM head on the predicted tokens
-        head = 2 * round(predicted * b) * (d * e + e * model.vocab_size if e else d * model.vocab_size)
+        head = 2 * round(predicted * b) * lm_head_weights(d, e, model.vocab_size)
     forward += head
     if train.pair_loss() != "none":  # BERT's pooler and the two-way classifier on each [CLS]
         forward += 2 * b * d * d + 2 * b * d * 2

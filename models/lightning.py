@@ -26,7 +26,7 @@ from models.objectives import OBJECTIVES
 from models.objectives.base import Terms, batch_generator
 from models.pair import stacked_pairs
 from models.training import derived_seed, read_losses
-from models.transformer import Transformer, weight_decay_groups
+from models.transformer import Transformer, init_normal, weight_decay_groups
 
 VAL_STEP_OFFSET = 2**40  # validation masks come from a stream no training step uses
 DROPOUT_STREAM = 2**41
@@ -313,10 +313,7 @@ def pair_head(cfg: ModelConfig) -> torch.nn.Module:
     head = torch.nn.Sequential(
         torch.nn.Linear(cfg.d_model, cfg.d_model), torch.nn.Tanh(), torch.nn.Linear(cfg.d_model, 2)
     )
-    for layer in (head[0], head[2]):
-        torch.nn.init.normal_(layer.weight, std=cfg.init_std)
-        torch.nn.init.zeros_(layer.bias)
-    return head
+    return head.apply(lambda module: init_normal(module, cfg.init_std))
 
 
 class PretrainModule(L.LightningModule):

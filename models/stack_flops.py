@@ -15,3 +15,10 @@ def stack_forward_flops(batch: int, tokens: int, layers: int, d: int, d_ff: int,
     return (
         2 * batch * tokens * layers * block_weights(d, d_ff, mlp) + layers * 4 * batch * tokens * tokens * d
     )
+
+
+def lm_head_weights(d_model: int, embedding_size: int | None, vocab_size: int) -> int:
+    """The tied LM head's matmul weights: d·V, or with factorized embeddings the projection back to E
+    and E·V."""
+    e = embedding_size
+    return d_model * e + e * vocab_size if e else d_model * vocab_size

@@ -272,6 +272,15 @@ def attention_mask(
     return mask
 
 
+def init_normal(module: nn.Module, std: float) -> None:
+    """Our initialisation of one module (for `Module.apply`): weights of linear layers and embeddings
+    from N(0, std), biases zero; the pretraining heads use it too."""
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+
+
 def segment_ids(ids: Tensor) -> Tensor:
     """BERT's segments of `[CLS] A [SEP] B [SEP]`: 0 up to and with the first [SEP], 1 after it."""
     sep = (ids == SPECIAL.sep).long()
@@ -319,12 +328,10 @@ class Transformer(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
+        init_normal(module, self.cfg.init_std)
 
-    def _embed(self, ids: Tensor) -> Tensor:
+    def embed_ids(self, ids: Tensor) -> Tensor:
+        """The input of a stack: the embeddings, projected to d_model where factorized, dropout."""
         x = self.embeddings(ids)
         if self.embed_projection is not None:
             x = self.embed_projection(x)
@@ -344,14 +351,14 @@ class Transformer(nn.Module):
             x = x + self.sinusoid[: ids.shape[1]].to(x.dtype)
         return x
 
-    def _rope(self) -> tuple[Tensor, Tensor] | None:
+    def rope(self) -> tuple[Tensor, Tensor] | None:
         return (self.rope_cos, self.rope_sin) if self.cfg.positions == "rope" else None
 
     def encode(self, ids: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         assert self.arch.encoder, "this architecture has no encoder"
         if self.encoder is None:  # shared with the decoder
-            return self.decoder(self._embed(ids), pad_mask, self._rope(), causal=False)
-        return self.encoder(self._embed(ids), pad_mask, self._rope())
+            return self.decoder(self.embed_ids(ids), pad_mask, self.rope(), causal=False)
+        return self.encoder(self.embed_ids(ids), pad_mask, self.rope())
 
     def decode(
         self,
@@ -362,7 +369,9 @@ class Transformer(nn.Module):
         prefix_lengths: Tensor | None = None,
     ) -> Tensor:
         assert self.decoder is not None, "this architecture has no decoder"
-        return self.decoder(self._embed(ids), pad_mask, self._rope(), memory, memory_pad_mask, prefix_lengths)
+        return self.decoder(
+            self.embed_ids(ids), pad_mask, self.rope(), memory, memory_pad_mask, prefix_lengths
+        )
 
     def forward(
         self,

@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from models.flops import count_step_flops, estimate_step_flops, peak_flops
     from models.lightning import PretrainModule, TokenDataModule
+    from models.objectives import OBJECTIVES
     from models.objectives.spanbert import word_start_table
     from models.training import NonFiniteLoss, resolve_precision
 
@@ -118,7 +119,9 @@ def main(argv: list[str] | None = None) -> None:
         if on_gpu:
             torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32
         workers = loader_workers(run.num_workers, on_gpu, trainer.num_devices)
-        words = word_start_table(TOKENIZER / "spm.model")  # whole-word and span masking read it
+        parts = OBJECTIVES[train_cfg.objective].components(train_cfg.objective_args)
+        reads_words = any(part.reads_word_starts(own) for _, part, own in parts)
+        words = word_start_table(TOKENIZER / "spm.model") if reads_words else None  # whole words, spans
         data = TokenDataModule(
             TOKENS,
             train_cfg,

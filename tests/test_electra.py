@@ -4,15 +4,11 @@ generator, and bad params are one line naming the key."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from lmpipe.params.pretrain import PretrainParams, objectives_params
-from lmpipe.params.project import parse_params
 from lmpipe.pretraining import train_config
-from lmpipe.runtime import StageError
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
 from models.lightning import PretrainModule, make_batch
@@ -20,7 +16,7 @@ from models.objectives.base import batch_generator
 from models.objectives.electra import generator_config, replace_tokens
 from models.special import SPECIAL
 from tests.test_pairs import assert_learns
-from tests.workdir import DEFAULT_PARAMS
+from tests.test_params import assert_params_error
 
 MODEL = ModelConfig(arch="encoder", vocab_size=1000, d_model=64, n_layers=2, n_heads=4, d_ff=160, max_len=64)
 
@@ -142,11 +138,4 @@ def test_the_same_batch_and_seed_give_the_same_step() -> None:
     ],
 )
 def test_bad_electra_params_are_one_line_naming_the_key(changes: dict, expected: str) -> None:
-    raw = copy.deepcopy(DEFAULT_PARAMS)
-    for section, values in changes.items():
-        for key, value in values.items():
-            raw[section][key].update(value)
-    with pytest.raises(StageError) as info:
-        parse_params(raw)
-    assert "\n" not in str(info.value)
-    assert expected in str(info.value)
+    assert_params_error(changes, expected)

@@ -3,22 +3,18 @@ model; the FLOPs count includes the decoder; the preset's rows; bad params are o
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from lmpipe.params.pretrain import PretrainParams, objectives_params
-from lmpipe.params.project import parse_params
 from lmpipe.pretraining import train_config
-from lmpipe.runtime import StageError
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
 from models.lightning import PretrainModule, make_batch
 from models.objectives.base import batch_generator
 from models.special import SPECIAL
 from tests.test_pairs import assert_learns
-from tests.workdir import DEFAULT_PARAMS
+from tests.test_params import assert_params_error
 
 MODEL = ModelConfig(arch="encoder", vocab_size=1000, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_len=64)
 
@@ -87,11 +83,4 @@ def test_the_flops_count_includes_the_decoder_and_equals_the_estimate(layers: in
     ],
 )
 def test_bad_mae_lm_params_are_one_line_naming_the_key(changes: dict, expected: str) -> None:
-    raw = copy.deepcopy(DEFAULT_PARAMS)
-    for section, values in changes.items():
-        for key, value in values.items():
-            raw[section][key].update(value)
-    with pytest.raises(StageError) as info:
-        parse_params(raw)
-    assert "\n" not in str(info.value)
-    assert expected in str(info.value)
+    assert_params_error(changes, expected)

@@ -48,6 +48,24 @@ def test_bad_value_names_the_dotted_key(dotted: str, value: object, expected: st
     assert expected in message
 
 
+def assert_params_error(changes: dict, expected: str) -> None:
+    """DEFAULT_PARAMS with `changes` ({section: {key: value}}; a dict value updates a dict key, any other
+    replaces it) fail validation in one line containing `expected`."""
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    for section, values in changes.items():
+        for key, value in values.items():
+            if isinstance(value, dict) and isinstance(raw[section].get(key), dict):
+                raw[section][key].update(value)
+            else:
+                raw[section][key] = value
+    with pytest.raises(StageError) as info:
+        parse_params(raw)
+    assert "\n" not in str(info.value)
+    assert expected in str(info.value)
+
+
 def test_conflicting_options_are_rejected() -> None:
     import copy
 
@@ -163,14 +181,7 @@ def test_bad_pretrain_values_of_a_model_name_the_dotted_key(overrides: dict, exp
     ],
 )
 def test_bad_albert_options_name_the_dotted_key(changes: dict, expected: str) -> None:
-    import copy
-
-    raw = copy.deepcopy(DEFAULT_PARAMS)
-    raw["models"]["encoder_mlm"].update(changes)
-    with pytest.raises(StageError) as info:
-        parse_params(raw)
-    assert "\n" not in str(info.value)
-    assert expected in str(info.value)
+    assert_params_error({"models": {"encoder_mlm": changes}}, expected)
 
 
 def test_a_model_can_have_its_own_finetune_values() -> None:

@@ -4,7 +4,6 @@ training beside the masked LM with its FLOPs counted, the stage reading the toke
 
 from __future__ import annotations
 
-import copy
 import json
 
 import numpy as np
@@ -12,9 +11,7 @@ import pytest
 import torch
 
 from lmpipe.params.pretrain import PretrainParams, objectives_params
-from lmpipe.params.project import parse_params
 from lmpipe.pretraining import train_config
-from lmpipe.runtime import StageError
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
 from models.lightning import make_batch
@@ -23,7 +20,8 @@ from models.objectives.spanbert import geometric_lengths, mask_spans, word_start
 from models.special import SPECIAL
 from tests.pipeline_helpers import run_stages
 from tests.test_pairs import assert_learns
-from tests.workdir import DEFAULT_PARAMS, Workdir
+from tests.test_params import assert_params_error
+from tests.workdir import Workdir
 
 VOCAB = 1000
 TABLE = torch.zeros(VOCAB, dtype=torch.bool)
@@ -153,17 +151,7 @@ def test_token_masking_is_unchanged_and_reads_no_word_starts() -> None:
     ],
 )
 def test_bad_span_params_are_one_line_naming_the_key(changes: dict, expected: str) -> None:
-    raw = copy.deepcopy(DEFAULT_PARAMS)
-    for section, values in changes.items():
-        for key, value in values.items():
-            if isinstance(raw[section].get(key), dict):
-                raw[section][key].update(value)
-            else:
-                raw[section][key] = value
-    with pytest.raises(StageError) as info:
-        parse_params(raw)
-    assert "\n" not in str(info.value)
-    assert expected in str(info.value)
+    assert_params_error(changes, expected)
 
 
 def test_the_stage_masks_spans_of_the_tokenizers_words(sample_pipeline: Workdir) -> None:

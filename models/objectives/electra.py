@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from models.objectives.base import Args, Objective, ObjectiveParams, Pair, Terms
 from models.objectives.mlm import mask_tokens
-from models.stack_flops import stack_forward_flops
+from models.stack_flops import lm_head_weights, stack_forward_flops
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
 # when it validates params.yaml
@@ -65,13 +65,12 @@ def detector_head(d_model: int, init_std: float) -> nn.Module:
     """ELECTRA's discriminator head: a dense layer, GELU and one logit a token (replaced or not)."""
     import torch
 
+    from models.transformer import init_normal
+
     head = torch.nn.Sequential(
         torch.nn.Linear(d_model, d_model), torch.nn.GELU(), torch.nn.Linear(d_model, 1)
     )
-    for layer in (head[0], head[2]):
-        torch.nn.init.normal_(layer.weight, std=init_std)
-        torch.nn.init.zeros_(layer.bias)
-    return head
+    return head.apply(lambda module: init_normal(module, init_std))
 
 
 def replace_tokens(
@@ -102,7 +101,7 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
     import torch
     import torch.nn.functional as F
 
-    from models.transformer import Stack, Transformer, rope_tables
+    from models.transformer import Stack, Transformer, init_normal, rope_tables
 
     class Generator(torch.nn.Module):
         """A masked LM on the discriminator's embeddings: projected to its width, its own stack, its
@@ -120,11 +119,7 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
                 cos, sin = rope_tables(model.max_len, self.cfg.head_dim)
                 self.register_buffer("rope_cos", cos, persistent=False)
                 self.register_buffer("rope_sin", sin, persistent=False)
-            for module in self.modules():
-                if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
-                    torch.nn.init.normal_(module.weight, std=model.init_std)
-                    if getattr(module, "bias", None) is not None:
-                        torch.nn.init.zeros_(module.bias)
+            self.apply(lambda module: init_normal(module, model.init_std))
 
         def forward(
             self, discriminator: Transformer, ids: Tensor, pad_mask: Tensor | None, positions: Tensor
@@ -200,7 +195,7 @@ class Electra(Objective):
         flops = 2 * b * seq_len * e * gen.d_model + stack_forward_flops(
             b, seq_len, model.n_layers, gen.d_model, gen.d_ff, gen.mlp
         )
-        flops += 2 * predicted * (gen.d_model * e + e * model.vocab_size)
+        flops += 2 * predicted * lm_head_weights(gen.d_model, e, model.vocab_size)
         return flops + 2 * b * seq_len * (model.d_model * model.d_model + model.d_model)
 
 

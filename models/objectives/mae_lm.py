@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from models.objectives.base import Args, Objective, ObjectiveParams, Pair, Terms
 from models.objectives.mlm import mask_tokens
 from models.special import SPECIAL
-from models.stack_flops import stack_forward_flops
+from models.stack_flops import lm_head_weights, stack_forward_flops
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
 # when it validates params.yaml
@@ -39,7 +39,7 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
     import torch
     import torch.nn.functional as F
 
-    from models.transformer import Stack, Transformer, rope_tables
+    from models.transformer import Stack, Transformer, init_normal
 
     class MaeLmHead(torch.nn.Module):
         def __init__(self) -> None:
@@ -47,15 +47,7 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
             layers = args["decoder_layers"]
             self.cfg = model.with_(n_layers=layers, share_layers="none", layer_groups=1)
             self.stack = Stack(self.cfg, layers, causal=False, cross=False)
-            if model.positions == "rope":
-                cos, sin = rope_tables(model.max_len, model.head_dim)
-                self.register_buffer("rope_cos", cos, persistent=False)
-                self.register_buffer("rope_sin", sin, persistent=False)
-            for module in self.modules():
-                if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
-                    torch.nn.init.normal_(module.weight, std=model.init_std)
-                    if getattr(module, "bias", None) is not None:
-                        torch.nn.init.zeros_(module.bias)
+            self.apply(lambda module: init_normal(module, model.init_std))
 
         def forward(self, encoder: Transformer, batch: dict[str, Tensor]) -> Terms:
             ids, positions, labels = batch["input_ids"], batch["positions"], batch["labels"]
@@ -64,9 +56,11 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
             held_out = held_out.index_fill(0, positions, True).view_as(ids)
             visible = ~held_out if pad_mask is None else pad_mask & ~held_out
             states = encoder(ids, visible, prefix_lengths=batch.get("prefix_lengths"))
-            masks = encoder._embed(torch.full_like(ids, SPECIAL.mask))  # [MASK] at each place, its position
-            rope = (self.rope_cos, self.rope_sin) if model.positions == "rope" else None
-            decoded = self.stack(torch.where(held_out[..., None], masks, states), pad_mask, rope)
+            masks = encoder.embed_ids(
+                torch.full_like(ids, SPECIAL.mask)
+            )  # [MASK] at each place, its position
+            # the decoder's heads are the encoder's: its rotary tables too
+            decoded = self.stack(torch.where(held_out[..., None], masks, states), pad_mask, encoder.rope())
             logits = encoder.lm_logits(decoded.reshape(-1, model.d_model).index_select(0, positions))
             loss = F.cross_entropy(logits.float(), labels)
             return Terms(loss, (logits.argmax(-1) == labels).sum(), labels.numel())
@@ -98,7 +92,7 @@ class MaeLm(Objective):
         flops = stack_forward_flops(b, seq_len, args["decoder_layers"], d, model.d_ff, model.mlp)
         flops += 2 * b * seq_len * e * d if e else 0
         predicted = round(self.widths(seq_len, args)[2] * b)
-        return flops + 2 * predicted * (d * e + e * model.vocab_size if e else d * model.vocab_size)
+        return flops + 2 * predicted * lm_head_weights(d, e, model.vocab_size)
 
 
 OBJECTIVE = MaeLm()

@@ -17,6 +17,7 @@ import numpy as np
 
 from models.objectives.base import Args, Terms
 from models.special import SPECIAL, SpecialIds
+from models.stack_flops import lm_head_weights
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
 # when it validates params.yaml
@@ -136,7 +137,7 @@ def boundary_head(model: ModelConfig) -> nn.Module:
     import torch
     import torch.nn.functional as F
 
-    from models.transformer import Transformer
+    from models.transformer import Transformer, init_normal
 
     d = model.d_model
 
@@ -152,11 +153,7 @@ def boundary_head(model: ModelConfig) -> nn.Module:
                 torch.nn.GELU(),
                 torch.nn.LayerNorm(d, eps=model.norm_eps),
             )
-            for module in self.modules():
-                if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
-                    torch.nn.init.normal_(module.weight, std=model.init_std)
-                    if getattr(module, "bias", None) is not None:
-                        torch.nn.init.zeros_(module.bias)
+            self.apply(lambda module: init_normal(module, model.init_std))
 
         def forward(self, encoder: Transformer, batch: dict[str, Tensor]) -> Terms:
             hidden = encoder(
@@ -181,8 +178,8 @@ def boundary_head(model: ModelConfig) -> nn.Module:
 def boundary_head_flops(model: ModelConfig, predicted: int) -> int:
     """Forward FLOPs of the masked LM's head and the boundary objective's on `predicted` tokens: the
     tied LM head twice and the two-layer network."""
-    d, e = model.d_model, model.embedding_size
-    lm_head = d * e + e * model.vocab_size if e else d * model.vocab_size
+    d = model.d_model
+    lm_head = lm_head_weights(d, model.embedding_size, model.vocab_size)
     return 2 * predicted * (2 * lm_head + 3 * d * d + d * d)
 
 

@@ -778,6 +778,13 @@ def ablation(
             "(default: the preset's, else the first point)"
         ),
     ] = None,
+    rows: Annotated[
+        list[int] | None,
+        Option(
+            "JSON: the preset's rows to run, numbered from 1 in its table's order (docs/experiments.md), "
+            "e.g. [1, 3]; its baseline among them (default: every row)"
+        ),
+    ] = None,
     repo: Repo = ".",
     max_parallel: MaxParallel = None,
     name: SweepName = None,
@@ -808,6 +815,8 @@ def ablation(
     sweep = Sweep("ablation", repo, name, at_once, profile, corpus, glue, preset or "sweep", set_params)
     points_spec = resolve_grid(preset, grid, sweep.params)
     values = expand(points_spec)
+    if rows is not None:
+        values, baseline = preset_rows(values, rows, baseline, preset)
     overrides = [sweep.overrides(point) for point in values]
     validated = [sweep.validate(point) for point in overrides]  # every point, up front
     keys = list(dict.fromkeys(key for point in values for key in point))
@@ -829,6 +838,8 @@ def ablation(
     grid_params = {"grid": json.dumps(points_spec), "swept": ",".join(swept)}
     if set_params:
         grid_params["set_params"] = json.dumps(set_params)
+    if rows is not None:
+        grid_params["rows"] = json.dumps(rows)
     points = sweep.start(planned, tags, {}, grid_params, pool, git_remote, dvc_remote)
     logger.info("sweep %s: %d points over %s, %d at once", sweep.name, len(points), swept or keys, at_once)
 
@@ -891,6 +902,27 @@ def resolve_grid(
         raise PipelineError(f"preset '{preset}' is unknown (presets: {', '.join(PRESETS)})")
     found = PRESETS[preset]
     return found(params) if callable(found) else found
+
+
+def preset_rows(
+    values: Sequence[dict[str, Any]],
+    rows: Sequence[int],
+    baseline: Mapping[str, Any] | None,
+    preset: str | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The preset's points at `rows` (numbered from 1), and the values that name its baseline among them:
+    a table's rows at a budget that affords only some (the baseline and the row a paper's claim is about)."""
+    if preset is None:
+        raise PipelineError("--rows picks a preset's rows; with --grid give only the points to run")
+    numbers = [row for row in rows if type(row) is int and 1 <= row <= len(values)]
+    if not rows or len(set(numbers)) != len(rows):
+        given, top = json.dumps(list(rows)), len(values)
+        raise PipelineError(f"--rows {given}: give distinct row numbers from 1 to {top} (preset {preset})")
+    base = baseline_index(values, baseline, preset) + 1
+    if base not in rows:
+        raise PipelineError(f"--rows {json.dumps(list(rows))}: the baseline, row {base}, must be among them")
+    wanted = baseline if baseline is not None else BASELINES.get(preset, values[base - 1])
+    return [values[row - 1] for row in sorted(rows)], dict(wanted)
 
 
 def check(arguments: dict[str, Any]) -> None:

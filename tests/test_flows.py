@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import yaml
 from prefect.testing.utilities import prefect_test_harness
 
 from flows import EPHEMERAL_TIMEOUT_ENV
-from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand, resolve_grid
+from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand, preset_rows, resolve_grid
 from flows.common import PipelineError, error_line
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
@@ -187,6 +188,28 @@ def test_set_params_give_a_presets_rows_another_budget(tmp_path: Path) -> None:
 
 def preset_points(name: str, params: dict = DEFAULT_PARAMS) -> list[dict]:
     return expand(resolve_grid(name, None, params))
+
+
+def test_rows_run_some_of_a_presets_table_against_its_baseline() -> None:
+    """`--rows` keeps the preset's baseline (named by its values among the rows kept) and its order;
+    rows without the baseline, out of range, repeated, or with a grid are one line each."""
+    points = preset_points("electra")
+    kept, baseline = preset_rows(points, [3, 1], None, "electra")
+    assert kept == [points[0], points[2]] and baseline == {"models": "encoder_mlm"}
+    assert baseline_index(kept, baseline, "electra") == 0
+    kept, baseline = preset_rows(points, [2, 4], {"objectives.electra.generator_width": 0.5}, "electra")
+    assert kept == [points[1], points[3]] and baseline_index(kept, baseline, "electra") == 1
+    bad = {
+        "[2, 3]": "the baseline, row 1, must be among them",
+        "[1, 6]": "give distinct row numbers from 1 to 5 (preset electra)",
+        "[1, 1]": "give distinct row numbers from 1 to 5 (preset electra)",
+        "[]": "give distinct row numbers from 1 to 5 (preset electra)",
+    }
+    for rows, message in bad.items():
+        with pytest.raises(PipelineError, match=re.escape(f"--rows {rows}: {message}")):
+            preset_rows(points, json.loads(rows), None, "electra")
+    with pytest.raises(PipelineError, match="--rows picks a preset's rows; with --grid give only"):
+        preset_rows(points, [1], None, None)
 
 
 def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:

@@ -429,6 +429,9 @@ class Sweep:
             pushed = dvc(self.repo_dir, "push", "--run-cache", *self.target.dvc_remote_args())
             if pushed.returncode != 0:
                 raise PipelineError(f"dvc push: {last_line(pushed.stderr or pushed.stdout)}")
+        if stopped := self.tracking.end_stopped({"sweep": self.name}):
+            logger = get_run_logger()
+            logger.info("%s: %d runs of an earlier, stopped run of it marked KILLED", self.name, stopped)
         self.parent = self.tracking.start(
             self.name, {"stage": self.kind, "sweep": self.name, **tags, "git_commit": git_commit()}
         )

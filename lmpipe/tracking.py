@@ -304,6 +304,17 @@ class FlowTracking:
             tags["mlflow.parentRunId"] = parent
         return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
 
+    def end_stopped(self, tags: Mapping[str, str]) -> int:
+        """Runs carrying `tags` still marked running, which a flow stopped before it could end them (a
+        killed process, a session's end), marked KILLED: the flow run again by its name starts its own.
+        How many there were."""
+        wanted = [*(f"tags.`{k}` = '{v}'" for k, v in tags.items()), "attributes.status = 'RUNNING'"]
+        query = " and ".join(wanted)
+        stopped = self.client.search_runs([self.experiment_id], query, max_results=1000)
+        for run in stopped:
+            self.client.set_terminated(run.info.run_id, "KILLED")
+        return len(stopped)
+
     def log(self, run_id: str, metrics: Mapping[str, float], params: Mapping[str, Any] | None = None) -> None:
         from mlflow.entities import Metric, Param
 

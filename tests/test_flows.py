@@ -901,10 +901,17 @@ def test_a_sweep_run_again_by_its_name_goes_on_from_the_run_cache(
     swept_template: Path, tmp_path: Path
 ) -> None:
     """The sweep `grid` run again under its name, as after an interruption: the points the first run
-    finished (DVC refuses an experiment name HEAD already has) come back from the run cache, and the
-    comparison is the first run's."""
+    finished (DVC refuses an experiment name HEAD already has) come back from the run cache, the
+    comparison is the first run's, and the MLflow runs a stopped run left running are marked KILLED."""
     project = copy_project(swept_template, tmp_path / "project")
     first = pd.read_csv(project / "reports/ablation/grid/comparison.csv")
+    client = mlflow.MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiments = [found.experiment_id for found in client.search_experiments()]
+    (experiment,) = {run.info.experiment_id for run in client.search_runs(experiments, "tags.sweep = 'grid'")}
+    stopped = client.create_run(experiment, run_name="grid", tags={"sweep": "grid", "stage": "ablation"})
+    stopped_point = client.create_run(
+        experiment, run_name="grid-1", tags={"sweep": "grid", "mlflow.parentRunId": stopped.info.run_id}
+    )
     again = sh(
         project,
         *[sys.executable, "-m", "flows.ablation", "--grid", json.dumps(TWO_KEY_SWEEP), "--name", "grid"],
@@ -918,3 +925,8 @@ def test_a_sweep_run_again_by_its_name_goes_on_from_the_run_cache(
     table = pd.read_csv(project / "reports/ablation/grid/comparison.csv")
     columns = ["experiment", "glue_average", "stsb", "delta_average", "vs_baseline_verdict"]
     pd.testing.assert_frame_equal(table[columns], first[columns])
+    assert "grid: 2 runs of an earlier, stopped run of it marked KILLED" in log
+    runs = client.search_runs([experiment], "tags.sweep = 'grid'")
+    statuses = {run.info.run_id: run.info.status for run in runs}
+    assert statuses.pop(stopped.info.run_id) == statuses.pop(stopped_point.info.run_id) == "KILLED"
+    assert set(statuses.values()) == {"FINISHED"} and len(statuses) == 6  # two parents of 3 runs each

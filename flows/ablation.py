@@ -910,7 +910,7 @@ def preset_rows(
     baseline: Mapping[str, Any] | None,
     preset: str | None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The preset's points at `rows` (numbered from 1), and the values that name its baseline among them:
+    """The preset's points at `rows` (numbered from 1), and its baseline point among them:
     a table's rows at a budget that affords only some (the baseline and the row a paper's claim is about)."""
     if preset is None:
         raise PipelineError("--rows picks a preset's rows; with --grid give only the points to run")
@@ -921,8 +921,7 @@ def preset_rows(
     base = baseline_index(values, baseline, preset) + 1
     if base not in rows:
         raise PipelineError(f"--rows {json.dumps(list(rows))}: the baseline, row {base}, must be among them")
-    wanted = baseline if baseline is not None else BASELINES.get(preset, values[base - 1])
-    return [values[row - 1] for row in sorted(rows)], dict(wanted)
+    return [values[row - 1] for row in sorted(rows)], dict(values[base - 1])
 
 
 def check(arguments: dict[str, Any]) -> None:

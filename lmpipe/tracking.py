@@ -244,15 +244,19 @@ def lightning_logger(
     return logger
 
 
+def tags_query(tags: Mapping[str, str]) -> str:
+    """An MLflow search filter for the runs carrying all of `tags`."""
+    return " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+
+
 def find_run(experiment: str, tags: Mapping[str, str], uri: str | None = None) -> str | None:
     """The latest run of `experiment` carrying all of `tags` in the store `uri` (the project's), or None."""
     client = _client(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return None
-    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     runs = client.search_runs(
-        [found.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1
+        [found.experiment_id], tags_query(tags), order_by=["attributes.start_time DESC"], max_results=1
     )
     return runs[0].info.run_id if runs else None
 
@@ -308,8 +312,7 @@ class FlowTracking:
         """Runs carrying `tags` still marked running, which a flow stopped before it could end them (a
         killed process, a session's end), marked KILLED: the flow run again by its name starts its own.
         How many there were."""
-        wanted = [*(f"tags.`{k}` = '{v}'" for k, v in tags.items()), "attributes.status = 'RUNNING'"]
-        query = " and ".join(wanted)
+        query = f"{tags_query(tags)} and attributes.status = 'RUNNING'"
         stopped = self.client.search_runs([self.experiment_id], query, max_results=1000)
         for run in stopped:
             self.client.set_terminated(run.info.run_id, "KILLED")

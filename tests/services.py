@@ -60,9 +60,9 @@ def wait_until_up(url: str, process: subprocess.Popen, log: Path, timeout_s: flo
         time.sleep(1)
 
 
-def stop(*processes: subprocess.Popen, grace_s: float = 30) -> None:
-    """SIGTERM to every process group at once, SIGKILL to those that linger `grace_s` later (a Prefect
-    worker can take all of it: stopped one after the other, two of them cost a minute)."""
+def stop(*processes: subprocess.Popen, grace_s: float = 5) -> None:
+    """SIGTERM to every process group at once, SIGKILL to those that linger `grace_s` later: the tests
+    are done with them, and a Prefect worker that has run flows lingers 30 s or more on SIGTERM."""
     for process in processes:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)

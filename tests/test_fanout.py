@@ -108,8 +108,8 @@ def servers(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cl
         wait_until_up(f"{tracking}/health", server, log)
         processes.append(prefect_server(env, logs / "prefect.log"))
         prefect(env, "work-pool", "create", "cpu", "--type", "process")
-        for deployment in ("ablation-point-cpu", "pipeline-stage-cpu"):
-            prefect(env, "--no-prompt", "deploy", "--name", deployment, cwd=ROOT)
+        deployments = ("ablation-point-cpu", "pipeline-stage-cpu")
+        prefect(env, "--no-prompt", "deploy", *(f"--name={name}" for name in deployments), cwd=ROOT)
         yield Cluster(env, workers, logs)
     finally:
         stop(*workers.values(), *reversed(processes))

@@ -53,18 +53,6 @@ def runs(filter_string: str, store: str | None = None) -> list[mlflow.entities.R
     return client.search_runs([experiment.experiment_id], filter_string, max_results=1000)
 
 
-def test_graph_is_dvcs_own(project: Path) -> None:
-    nodes = read_graph(project)
-    assert set(nodes) == dvc_stages(project)  # what `dvc stage list` lists, foreach expanded
-    assert set(nodes["evaluate"].upstream) == {"glue_prepare", "finetune@encoder_mlm"}
-    assert nodes["pretrain@encoder_mlm"].gpu and nodes["pretrain@encoder_mlm"].retries == 2
-    assert not nodes["clean"].gpu and nodes["clean"].retries == 0
-    assert set(select(nodes, ["pack"])) == {"sample", "ingest@sample", "clean", "tokenizer", "pack"}
-    assert "pretrain@encoder_mlm" in select(nodes, ["pretrain"])  # a foreach group by its name
-    with pytest.raises(PipelineError, match="target 'pretrian' is not a stage"):
-        select(nodes, ["pretrian"])
-
-
 def test_a_point_drops_the_own_fine_tuning_values_of_the_models_it_drops() -> None:
     """A profile's `finetune.models.encdec_span` must not break a point that trains another model."""
     from flows import profile as profiles
@@ -314,191 +302,6 @@ def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
             for point in expand(grid):
                 given = [*on_profile, *point_overrides(point, params, ROOT / "params.yaml")]
                 profiles.validate(ROOT, given, f"{name}/{preset}")
-
-
-def test_pipeline_runs_what_changed_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:
-    sh(project, "dvc", "remote", "add", "shared", str(tmp_path / "remote"))  # as workers share a cache
-    # tiny stages are mostly process start-up: two at once pay off here (not with the default profile)
-    changed = ["pretrain.lr=0.0017"]  # pretraining and what reads it; not the data
-    options = {"repo": str(project), "overrides": changed, "retry_delay_s": 0, "max_parallel": 2}
-    state = pipeline(**options, dvc_remote="shared", return_state=True)
-    first = state.result()
-    stages = dvc_stages(project)
-    ran = ["pretrain@encoder_mlm", "export@encoder_mlm", "finetune@encoder_mlm", "evaluate"]
-    assert sorted(first["ran"]) == sorted(ran) and not first["failed"]
-    assert set(first["skipped"]) == stages - set(ran)
-    assert first["ran"][0] == "pretrain@encoder_mlm" and first["ran"][-1] == "evaluate"
-    assert "up to date" in sh(project, "dvc", "status").stdout  # dvc.lock says what `dvc repro` would
-    pushed = sh(project, "dvc", "status", "--cloud", "--remote", "shared", *ran).stdout
-    assert "in sync" in pushed  # what ran is on the workers' shared remote
-    # the server's view (Prefect's UI): every stage a task run, an up-to-date one in the Cached state
-    states = task_run_states(state.state_details.flow_run_id, stages)
-    assert states == {name: "Completed" if name in ran else "Cached" for name in stages}
-
-    # the flow's run, the stage runs under it
-    (parent,) = runs("tags.stage = 'pipeline' and tags.`override.pretrain.lr` = '0.0017'")
-    assert parent.info.status == "FINISHED"
-    children = runs(f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    assert {run.data.tags["stage"] for run in children} == {"pretrain", "export", "finetune", "evaluate"}
-
-    state = pipeline(**options, return_state=True)
-    second = state.result()
-    assert second["ran"] == [] and set(second["skipped"]) == stages
-    assert task_run_states(state.state_details.flow_run_id, stages) == dict.fromkeys(stages, "Cached")
-
-
-def task_run_states(flow_run_id: UUID, names: set[str]) -> dict[str, str]:
-    """Task run name -> its state's name, as the Prefect server has them for a flow run, once it has
-    every one of `names` in a final state: the client reports task runs as events, which the server
-    writes a moment after the flow returns."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    deadline = time.monotonic() + 60
-    of_the_flow = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-    with get_client(sync_client=True) as client:
-        while True:
-            runs = client.read_task_runs(flow_run_filter=of_the_flow)
-            states = {run.name: run.state.name for run in runs if run.state is not None}
-            final = {run.name for run in runs if run.state is not None and run.state.is_final()}
-            if names <= final or time.monotonic() > deadline:
-                return states
-            time.sleep(0.5)
-
-
-def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -> None:
-    state = pipeline(
-        repo=str(project),
-        overrides=["tokenizer.vocab_size=100"],
-        retry_delay_s=0,
-        max_parallel=2,
-        return_state=True,
-    )
-    assert state.is_failed()
-    error = state.result(raise_on_failure=False)
-    assert isinstance(error, StageFailed)
-    summary = error.summary
-    assert list(summary.failed) == ["tokenizer"]
-    states = task_run_states(state.state_details.flow_run_id, {*summary.not_run, "tokenizer"})
-    assert {name: states[name] for name in summary.not_run} == dict.fromkeys(summary.not_run, "NotRun")
-    assert states["tokenizer"] == "Failed"
-    assert "tokenizer.vocab_size" in summary.failed["tokenizer"]  # the stage's own one-line error
-    assert set(summary.not_run) == {
-        "pack",
-        "pretrain@encoder_mlm",
-        "export@encoder_mlm",
-        "finetune@encoder_mlm",
-        "evaluate",
-    }
-    assert set(summary.skipped) == {"sample", "ingest@sample", "clean", "glue_prepare"}
-
-
-def test_bad_flow_input_is_one_line(project: Path) -> None:
-    bad_key = sh(
-        project, sys.executable, "-m", "flows.pipeline", "-S", "tokenizer.vocab_sise=2000", check=False
-    )
-    assert bad_key.returncode == 2
-    assert bad_key.stderr.strip() == (
-        f"error: params override 'tokenizer.vocab_sise=2000': {project}/params.yaml has no key "
-        "'tokenizer.vocab_sise'"
-    )
-    bad_model = sh(
-        project, sys.executable, "-m", "flows.ablation", "--grid", '{"models": ["gpt9"]}', check=False
-    )
-    assert bad_model.returncode == 2
-    assert bad_model.stderr.strip().startswith("error: grid key 'models': ") and "'gpt9'" in bad_model.stderr
-
-
-def test_a_directory_the_commits_lock_names_and_the_cache_lacks_is_named_with_the_way_out(
-    tmp_path: Path,
-) -> None:
-    """DVC (3.67) stops an experiment that restores every stage from the run cache when the commit's
-    dvc.lock names a directory the cache lacks and a stage depends on a path inside it: a clone of a
-    repository whose dvc.lock was committed elsewhere, resuming a profile. The line says why and what
-    to do, not only DVC's "failed to load directory"."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    write_a = "import yaml; open('folder/a', 'w').write(str(yaml.safe_load(open('params.yaml'))['a']))"
-    stages = {
-        "copy": {"cmd": "cp source.txt copied", "deps": ["source.txt"], "outs": ["copied"]},
-        "folder": {
-            "cmd": f'mkdir -p folder && "{sys.executable}" -c "{write_a}"',
-            "deps": ["copied"],
-            "params": ["a"],
-            "outs": ["folder"],
-        },
-        "inside": {"cmd": "cp folder/a inside", "deps": ["folder/a"], "outs": ["inside"]},
-    }
-    (repo / "params.yaml").write_text("a: 1\n")
-    (repo / "source.txt").write_text("text\n")
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
-    for args in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "repro", "-q"]):
-        sh(repo, *args)
-    sh(repo, "git", "add", "-A")
-    sh(repo, "git", "commit", "-qm", "the lock's outputs are in this cache only")
-    shutil.rmtree(repo / ".dvc" / "cache")
-    sh(repo, "dvc", "exp", "run", "--temp", "--name", "first", "-S", "a=2")  # its stages run
-    again = sh(repo, "dvc", "exp", "run", "--temp", "--name", "again", "-S", "a=2", check=False)  # run cache
-    assert again.returncode != 0
-    line = error_line(again.stderr)
-    assert line.startswith("ERROR: failed to reproduce 'inside': failed to load directory ('folder',)")
-    assert line.endswith(
-        "(folder as the commit's dvc.lock records it is not in the DVC cache, and DVC cannot restore a stage"
-        " from the run cache past it: `dvc pull` it, or `dvc repro` and commit dvc.lock)"
-    )
-
-
-def test_a_temporary_server_that_does_not_start_is_one_line(tmp_path: Path) -> None:
-    """No PREFECT_API_URL: the flow starts Prefect's temporary server; one that does not answer in time
-    (no time at all here) is one line and exit 1, before any stage runs."""
-    project = make_project(tmp_path / "project")
-    waited = {EPHEMERAL_TIMEOUT_ENV: "0", "PREFECT_HOME": str(tmp_path / "home")}
-    result = sh(project, sys.executable, "-m", "flows.pipeline", check=False, PREFECT_API_URL=None, **waited)
-    assert result.returncode == 1, result.stderr
-    # besides Prefect's own log lines (the server starting and stopping)
-    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
-        "error: Prefect's temporary server did not answer within 0 s "
-        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): allow it longer, or run `prefect server start` "
-        "and set PREFECT_API_URL"
-    ]
-    assert "Traceback" not in result.stderr and not (project / "dvc.lock").exists()
-
-
-def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp_path: Path) -> None:
-    env = prefect_env(tmp_path / "prefect", free_port(), PYTHONPATH=str(ROOT))
-    server = prefect_server(env, tmp_path / "server.log")
-    worker = None
-    try:
-        prefect(env, "work-pool", "create", "cpu", "--type", "process")
-        prefect(env, "--no-prompt", "deploy", "--name", "pipeline-cpu", cwd=ROOT)
-        started = prefect(
-            env,
-            "deployment",
-            "run",
-            "pipeline/pipeline-cpu",
-            "--param",
-            f"repo={project}",
-            "--param",
-            "retry_delay_s=0",
-        )
-        flow_run_id = next(line.split()[-1] for line in started.splitlines() if "UUID" in line)
-        worker_log = tmp_path / "worker.log"
-        worker = start([str(BIN / "prefect"), "worker", "start", "--pool", "cpu"], worker_log, env, cwd=ROOT)
-        deadline = time.monotonic() + 300
-        while True:  # the server's REST API: a `prefect flow-run inspect` costs seconds of imports a call
-            url = f"{env['PREFECT_API_URL']}/flow_runs/{flow_run_id}"
-            with urllib.request.urlopen(url, timeout=30) as response:
-                state = json.load(response)["state"]
-            if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-                break
-            assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
-            time.sleep(2)
-        assert state["type"] == "COMPLETED", worker_log.read_text()[-3000:]
-        # the summary, from the worker
-        assert f"{len(dvc_stages(project))} up to date" in worker_log.read_text()
-    finally:
-        stop(*[process for process in (worker, server) if process is not None])
-    assert worker.poll() is not None and server.poll() is not None
 
 
 def test_systems_preset_trains_every_point_on_the_baselines_flops() -> None:
@@ -807,6 +610,205 @@ def test_the_sweep_plot_shows_each_points_delta_over_scratch_with_its_interval()
     assert [list(line.get_xdata()) for line in filled] == [[6800]]  # only the `better` point
     assert [list(line.get_xdata()) for line in hollow] == [[1700, 3400]]
     plt.close(fig)
+
+
+# the tests that need the reproduced project come after those that need nothing: while another
+# pytest-xdist worker builds it, this one has work
+def test_graph_is_dvcs_own(project: Path) -> None:
+    nodes = read_graph(project)
+    assert set(nodes) == dvc_stages(project)  # what `dvc stage list` lists, foreach expanded
+    assert set(nodes["evaluate"].upstream) == {"glue_prepare", "finetune@encoder_mlm"}
+    assert nodes["pretrain@encoder_mlm"].gpu and nodes["pretrain@encoder_mlm"].retries == 2
+    assert not nodes["clean"].gpu and nodes["clean"].retries == 0
+    assert set(select(nodes, ["pack"])) == {"sample", "ingest@sample", "clean", "tokenizer", "pack"}
+    assert "pretrain@encoder_mlm" in select(nodes, ["pretrain"])  # a foreach group by its name
+    with pytest.raises(PipelineError, match="target 'pretrian' is not a stage"):
+        select(nodes, ["pretrian"])
+
+
+def test_pipeline_runs_what_changed_then_nothing(harness: None, project: Path, tmp_path: Path) -> None:
+    sh(project, "dvc", "remote", "add", "shared", str(tmp_path / "remote"))  # as workers share a cache
+    # tiny stages are mostly process start-up: two at once pay off here (not with the default profile)
+    changed = ["pretrain.lr=0.0017"]  # pretraining and what reads it; not the data
+    options = {"repo": str(project), "overrides": changed, "retry_delay_s": 0, "max_parallel": 2}
+    state = pipeline(**options, dvc_remote="shared", return_state=True)
+    first = state.result()
+    stages = dvc_stages(project)
+    ran = ["pretrain@encoder_mlm", "export@encoder_mlm", "finetune@encoder_mlm", "evaluate"]
+    assert sorted(first["ran"]) == sorted(ran) and not first["failed"]
+    assert set(first["skipped"]) == stages - set(ran)
+    assert first["ran"][0] == "pretrain@encoder_mlm" and first["ran"][-1] == "evaluate"
+    assert "up to date" in sh(project, "dvc", "status").stdout  # dvc.lock says what `dvc repro` would
+    pushed = sh(project, "dvc", "status", "--cloud", "--remote", "shared", *ran).stdout
+    assert "in sync" in pushed  # what ran is on the workers' shared remote
+    # the server's view (Prefect's UI): every stage a task run, an up-to-date one in the Cached state
+    states = task_run_states(state.state_details.flow_run_id, stages)
+    assert states == {name: "Completed" if name in ran else "Cached" for name in stages}
+
+    # the flow's run, the stage runs under it
+    (parent,) = runs("tags.stage = 'pipeline' and tags.`override.pretrain.lr` = '0.0017'")
+    assert parent.info.status == "FINISHED"
+    children = runs(f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert {run.data.tags["stage"] for run in children} == {"pretrain", "export", "finetune", "evaluate"}
+
+    state = pipeline(**options, return_state=True)
+    second = state.result()
+    assert second["ran"] == [] and set(second["skipped"]) == stages
+    assert task_run_states(state.state_details.flow_run_id, stages) == dict.fromkeys(stages, "Cached")
+
+
+def task_run_states(flow_run_id: UUID, names: set[str]) -> dict[str, str]:
+    """Task run name -> its state's name, as the Prefect server has them for a flow run, once it has
+    every one of `names` in a final state: the client reports task runs as events, which the server
+    writes a moment after the flow returns."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + 60
+    of_the_flow = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=of_the_flow)
+            states = {run.name: run.state.name for run in runs if run.state is not None}
+            final = {run.name for run in runs if run.state is not None and run.state.is_final()}
+            if names <= final or time.monotonic() > deadline:
+                return states
+            time.sleep(0.5)
+
+
+def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -> None:
+    state = pipeline(
+        repo=str(project),
+        overrides=["tokenizer.vocab_size=100"],
+        retry_delay_s=0,
+        max_parallel=2,
+        return_state=True,
+    )
+    assert state.is_failed()
+    error = state.result(raise_on_failure=False)
+    assert isinstance(error, StageFailed)
+    summary = error.summary
+    assert list(summary.failed) == ["tokenizer"]
+    states = task_run_states(state.state_details.flow_run_id, {*summary.not_run, "tokenizer"})
+    assert {name: states[name] for name in summary.not_run} == dict.fromkeys(summary.not_run, "NotRun")
+    assert states["tokenizer"] == "Failed"
+    assert "tokenizer.vocab_size" in summary.failed["tokenizer"]  # the stage's own one-line error
+    assert set(summary.not_run) == {
+        "pack",
+        "pretrain@encoder_mlm",
+        "export@encoder_mlm",
+        "finetune@encoder_mlm",
+        "evaluate",
+    }
+    assert set(summary.skipped) == {"sample", "ingest@sample", "clean", "glue_prepare"}
+
+
+def test_bad_flow_input_is_one_line(project: Path) -> None:
+    bad_key = sh(
+        project, sys.executable, "-m", "flows.pipeline", "-S", "tokenizer.vocab_sise=2000", check=False
+    )
+    assert bad_key.returncode == 2
+    assert bad_key.stderr.strip() == (
+        f"error: params override 'tokenizer.vocab_sise=2000': {project}/params.yaml has no key "
+        "'tokenizer.vocab_sise'"
+    )
+    bad_model = sh(
+        project, sys.executable, "-m", "flows.ablation", "--grid", '{"models": ["gpt9"]}', check=False
+    )
+    assert bad_model.returncode == 2
+    assert bad_model.stderr.strip().startswith("error: grid key 'models': ") and "'gpt9'" in bad_model.stderr
+
+
+def test_a_directory_the_commits_lock_names_and_the_cache_lacks_is_named_with_the_way_out(
+    tmp_path: Path,
+) -> None:
+    """DVC (3.67) stops an experiment that restores every stage from the run cache when the commit's
+    dvc.lock names a directory the cache lacks and a stage depends on a path inside it: a clone of a
+    repository whose dvc.lock was committed elsewhere, resuming a profile. The line says why and what
+    to do, not only DVC's "failed to load directory"."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    write_a = "import yaml; open('folder/a', 'w').write(str(yaml.safe_load(open('params.yaml'))['a']))"
+    stages = {
+        "copy": {"cmd": "cp source.txt copied", "deps": ["source.txt"], "outs": ["copied"]},
+        "folder": {
+            "cmd": f'mkdir -p folder && "{sys.executable}" -c "{write_a}"',
+            "deps": ["copied"],
+            "params": ["a"],
+            "outs": ["folder"],
+        },
+        "inside": {"cmd": "cp folder/a inside", "deps": ["folder/a"], "outs": ["inside"]},
+    }
+    (repo / "params.yaml").write_text("a: 1\n")
+    (repo / "source.txt").write_text("text\n")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    for args in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "repro", "-q"]):
+        sh(repo, *args)
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "the lock's outputs are in this cache only")
+    shutil.rmtree(repo / ".dvc" / "cache")
+    sh(repo, "dvc", "exp", "run", "--temp", "--name", "first", "-S", "a=2")  # its stages run
+    again = sh(repo, "dvc", "exp", "run", "--temp", "--name", "again", "-S", "a=2", check=False)  # run cache
+    assert again.returncode != 0
+    line = error_line(again.stderr)
+    assert line.startswith("ERROR: failed to reproduce 'inside': failed to load directory ('folder',)")
+    assert line.endswith(
+        "(folder as the commit's dvc.lock records it is not in the DVC cache, and DVC cannot restore a stage"
+        " from the run cache past it: `dvc pull` it, or `dvc repro` and commit dvc.lock)"
+    )
+
+
+def test_a_temporary_server_that_does_not_start_is_one_line(tmp_path: Path) -> None:
+    """No PREFECT_API_URL: the flow starts Prefect's temporary server; one that does not answer in time
+    (no time at all here) is one line and exit 1, before any stage runs."""
+    project = make_project(tmp_path / "project")
+    waited = {EPHEMERAL_TIMEOUT_ENV: "0", "PREFECT_HOME": str(tmp_path / "home")}
+    result = sh(project, sys.executable, "-m", "flows.pipeline", check=False, PREFECT_API_URL=None, **waited)
+    assert result.returncode == 1, result.stderr
+    # besides Prefect's own log lines (the server starting and stopping)
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        "error: Prefect's temporary server did not answer within 0 s "
+        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): allow it longer, or run `prefect server start` "
+        "and set PREFECT_API_URL"
+    ]
+    assert "Traceback" not in result.stderr and not (project / "dvc.lock").exists()
+
+
+def test_deployment_runs_on_a_local_server_and_process_worker(project: Path, tmp_path: Path) -> None:
+    env = prefect_env(tmp_path / "prefect", free_port(), PYTHONPATH=str(ROOT))
+    server = prefect_server(env, tmp_path / "server.log")
+    worker = None
+    try:
+        prefect(env, "work-pool", "create", "cpu", "--type", "process")
+        prefect(env, "--no-prompt", "deploy", "--name", "pipeline-cpu", cwd=ROOT)
+        started = prefect(
+            env,
+            "deployment",
+            "run",
+            "pipeline/pipeline-cpu",
+            "--param",
+            f"repo={project}",
+            "--param",
+            "retry_delay_s=0",
+        )
+        flow_run_id = next(line.split()[-1] for line in started.splitlines() if "UUID" in line)
+        worker_log = tmp_path / "worker.log"
+        worker = start([str(BIN / "prefect"), "worker", "start", "--pool", "cpu"], worker_log, env, cwd=ROOT)
+        deadline = time.monotonic() + 300
+        while True:  # the server's REST API: a `prefect flow-run inspect` costs seconds of imports a call
+            url = f"{env['PREFECT_API_URL']}/flow_runs/{flow_run_id}"
+            with urllib.request.urlopen(url, timeout=30) as response:
+                state = json.load(response)["state"]
+            if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            assert time.monotonic() < deadline, worker_log.read_text()[-3000:]
+            time.sleep(2)
+        assert state["type"] == "COMPLETED", worker_log.read_text()[-3000:]
+        # the summary, from the worker
+        assert f"{len(dvc_stages(project))} up to date" in worker_log.read_text()
+    finally:
+        stop(*[process for process in (worker, server) if process is not None])
+    assert worker.poll() is not None and server.poll() is not None
 
 
 def test_a_sweep_of_two_keys(swept_template: Path) -> None:

@@ -62,7 +62,7 @@ def wait_until_up(url: str, process: subprocess.Popen, log: Path, timeout_s: flo
 
 def stop(*processes: subprocess.Popen, grace_s: float = 5) -> None:
     """SIGTERM to every process group at once, SIGKILL to those that linger `grace_s` later: the tests
-    are done with them, and a Prefect worker that has run flows lingers 30 s or more on SIGTERM."""
+    are done with them, and a Prefect worker that has run flows outlasted a 30 s grace."""
     for process in processes:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)

@@ -111,7 +111,7 @@ def pipeline_parent(client: Any, experiment: str) -> str:
     key = hashlib.sha256(b"\0".join([workspace.encode(), commit.encode(), params])).hexdigest()[:12]
     found = client.search_runs(
         [experiment],
-        f"tags.`{PIPELINE_TAG}` = '{key}'",
+        tags_query({PIPELINE_TAG: key}),
         order_by=["attributes.start_time ASC"],
         max_results=1,
     )

@@ -430,8 +430,10 @@ class Sweep:
             if pushed.returncode != 0:
                 raise PipelineError(f"dvc push: {last_line(pushed.stderr or pushed.stdout)}")
         if stopped := self.tracking.end_stopped({"sweep": self.name}):
-            logger = get_run_logger()
-            logger.info("%s: %d runs of an earlier, stopped run of it marked KILLED", self.name, stopped)
+            message = "%s: %d runs of an earlier, stopped run of it marked KILLED"
+            get_run_logger().info(message, self.name, stopped)
+        if orphaned := self.tracking.end_orphaned():
+            get_run_logger().info("%d runs of flows whose process has gone marked KILLED", orphaned)
         self.parent = self.tracking.start(
             self.name, {"stage": self.kind, "sweep": self.name, **tags, "git_commit": git_commit()}
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +33,7 @@ PARENT_RUN_ENV = "LMPIPE_PARENT_RUN_ID"
 WEIGHTS_TAG = "weights_sha256"
 PREDICTIONS_TAG = "predictions_sha256"
 PIPELINE_TAG = "pipeline_key"
+FLOW_PROCESS_TAG = "flow_process"  # a flow's parent run: the process that owns it (`flow_process`)
 # MLflow 3 opens an experiment without this tag on its GenAI overview ("Traces 0"), not on its runs
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _MLFLOW_BATCH = 100  # MLflow's per-request cap on params
@@ -292,6 +294,27 @@ def set_run_tags(run_id: str, tags: Mapping[str, Any]) -> None:
     _client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+def flow_process() -> str:
+    """This process as `host:pid:start time`: the owner of a flow's parent run. The start time tells a
+    process from a later one given the same pid."""
+    import psutil
+
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
+
+
+def flow_process_alive(owner: str) -> bool:
+    """Whether the process `flow_process` named, on this host, still runs."""
+    import psutil
+
+    _, pid, started = owner.rsplit(":", 2)
+    try:
+        return f"{psutil.Process(int(pid)).create_time():.2f}" == started
+    except psutil.AccessDenied:  # another user's process: alive
+        return True
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+
+
 class FlowTracking:
     """A flow's MLflow runs: a parent, and children of it (the ablation's points)."""
 
@@ -303,9 +326,12 @@ class FlowTracking:
         self.experiment_id = experiment_id(self.client, experiment)
 
     def start(self, name: str, tags: Mapping[str, Any], parent: str | None = None) -> str:
+        """A run: a flow's parent (tagged with the process that owns it) or, with `parent`, its child."""
         tags = {k: str(v) for k, v in tags.items()}
         if parent:
             tags["mlflow.parentRunId"] = parent
+        else:
+            tags[FLOW_PROCESS_TAG] = flow_process()
         return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
 
     def end_stopped(self, tags: Mapping[str, str]) -> int:
@@ -317,6 +343,27 @@ class FlowTracking:
         for run in stopped:
             self.client.set_terminated(run.info.run_id, "KILLED")
         return len(stopped)
+
+    def end_orphaned(self) -> int:
+        """Flows' parent runs still marked running whose process on this host has gone (a sweep killed
+        and never run again by its name), marked KILLED with their running children. Parents owned by
+        another host are left as they are: whether that process lives cannot be told from here. How
+        many runs were marked."""
+        running = "attributes.status = 'RUNNING'"
+        host = socket.gethostname().replace("'", "")
+        parents = self.client.search_runs(
+            [self.experiment_id], f"tags.`{FLOW_PROCESS_TAG}` LIKE '{host}:%' and {running}", max_results=1000
+        )
+        ended = 0
+        for parent in parents:
+            if flow_process_alive(parent.data.tags[FLOW_PROCESS_TAG]):
+                continue
+            owned = tags_query({"mlflow.parentRunId": parent.info.run_id})
+            children = self.client.search_runs([self.experiment_id], f"{owned} and {running}")
+            for run in [parent, *children]:
+                self.client.set_terminated(run.info.run_id, "KILLED")
+            ended += 1 + len(children)
+        return ended
 
     def log(self, run_id: str, metrics: Mapping[str, float], params: Mapping[str, Any] | None = None) -> None:
         from mlflow.entities import Metric, Param

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand, 
 from flows.common import PipelineError, error_line
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
+from lmpipe.tracking import FLOW_PROCESS_TAG, flow_process
 from tests.project import TWO_KEY_SWEEP, copy_project, dvc_stages, make_project, sh
 from tests.services import BIN, free_port, prefect, prefect_env, prefect_server, start, stop
 from tests.workdir import DEFAULT_PARAMS, ROOT
@@ -904,7 +906,8 @@ def test_a_sweep_run_again_by_its_name_goes_on_from_the_run_cache(
 ) -> None:
     """The sweep `grid` run again under its name, as after an interruption: the points the first run
     finished (DVC refuses an experiment name HEAD already has) come back from the run cache, the
-    comparison is the first run's, and the MLflow runs a stopped run left running are marked KILLED."""
+    comparison is the first run's, and the MLflow runs a stopped run left running are marked KILLED; so
+    are another sweep's whose process has gone (a pid now another process's), not a living one's."""
     project = copy_project(swept_template, tmp_path / "project")
     first = pd.read_csv(project / "reports/ablation/grid/comparison.csv")
     client = mlflow.MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
@@ -914,6 +917,13 @@ def test_a_sweep_run_again_by_its_name_goes_on_from_the_run_cache(
     stopped_point = client.create_run(
         experiment, run_name="grid-1", tags={"sweep": "grid", "mlflow.parentRunId": stopped.info.run_id}
     )
+    owners = {"gone": f"{socket.gethostname()}:{os.getpid()}:0.00", "living": flow_process()}
+    others = {
+        name: client.create_run(experiment, run_name=name, tags={"sweep": name, FLOW_PROCESS_TAG: owner})
+        for name, owner in owners.items()
+    }
+    gone_tags = {"sweep": "gone", "mlflow.parentRunId": others["gone"].info.run_id}
+    gone_point = client.create_run(experiment, run_name="gone-1", tags=gone_tags)
     again = sh(
         project,
         *[sys.executable, "-m", "flows.ablation", "--grid", json.dumps(TWO_KEY_SWEEP), "--name", "grid"],
@@ -928,6 +938,10 @@ def test_a_sweep_run_again_by_its_name_goes_on_from_the_run_cache(
     columns = ["experiment", "glue_average", "stsb", "delta_average", "vs_baseline_verdict"]
     pd.testing.assert_frame_equal(table[columns], first[columns])
     assert "grid: 2 runs of an earlier, stopped run of it marked KILLED" in log
+    assert "2 runs of flows whose process has gone marked KILLED" in log
+    status = {name: client.get_run(run.info.run_id).info.status for name, run in others.items()}
+    assert status == {"gone": "KILLED", "living": "RUNNING"}
+    assert client.get_run(gone_point.info.run_id).info.status == "KILLED"
     runs = client.search_runs([experiment], "tags.sweep = 'grid'")
     statuses = {run.info.run_id: run.info.status for run in runs}
     assert statuses.pop(stopped.info.run_id) == statuses.pop(stopped_point.info.run_id) == "KILLED"

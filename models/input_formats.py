@@ -9,7 +9,9 @@ know where documents and sentences start:
 - `segment_pair` (BERT's): sentences of one document from a random one on, up to the row, cut at a
   random sentence into segment A and segment B, `[CLS] A [SEP] B [SEP]`; half the time B is instead
   sentences from a random other document (BERT's next-sentence prediction, the label 1), or, for
-  ALBERT's sentence-order prediction, A and B swapped (label 1).
+  ALBERT's sentence-order prediction, A and B swapped (label 1). With `short_seq_prob` (BERT's
+  `create_pretraining_data.py`: 0.1) a row gathers sentences up to a random target length in [2, the
+  row's] instead, so that pretraining sees short inputs too (RoBERTa dropped them: 0, the default).
 - `sentence_pair`: one sentence and the next (or, half the time, one from another document, or the two
   swapped), the same layout; such rows are short.
 
@@ -124,14 +126,33 @@ def random_other_document(index: SentenceIndex, first: int, stop: int, generator
             return sentence
 
 
+def target_length(budget: int, short_seq_prob: float, generator: torch.Generator) -> int:
+    """BERT's target length of a segment pair: the row's `budget` or, `short_seq_prob` of the time, a
+    uniform one in [2, budget]. No draw at 0, so that rows without short ones stay what they were."""
+    import torch
+
+    if short_seq_prob and bool(torch.rand((), generator=generator) < short_seq_prob):
+        return 2 + draw(generator, budget - 1)
+    return budget
+
+
 def pair_row(
-    index: SentenceIndex, anchor: int, length: int, fmt: str, loss: str, generator: torch.Generator
+    index: SentenceIndex,
+    anchor: int,
+    length: int,
+    fmt: str,
+    loss: str,
+    generator: torch.Generator,
+    short_seq_prob: float = 0.0,
 ) -> tuple[np.ndarray, int]:
-    """`[CLS] A [SEP] B [SEP]` from the anchor sentence on, and its pair label."""
+    """`[CLS] A [SEP] B [SEP]` from the anchor sentence on, and its pair label. A segment pair gathers
+    sentences up to its target length (BERT's: shorter `short_seq_prob` of the time); a pair longer
+    than the row is truncated to it."""
     budget = length - 3
     first, stop = index.document_of(anchor)
     if fmt == "segment_pair":
-        chunk = gather(index, anchor, stop, budget)
+        target = target_length(budget, short_seq_prob, generator)
+        chunk = gather(index, anchor, stop, target)
         split = 1 + draw(generator, len(chunk) - 1) if len(chunk) > 1 else 1
         a, b_parts = np.concatenate(chunk[:split]), chunk[split:]
     else:
@@ -142,7 +163,7 @@ def pair_row(
     elif loss == "nsp" and (not len(b) or coin(generator)):  # BERT: half the time, and at a document's end
         other = random_other_document(index, first, stop, generator)
         if fmt == "segment_pair":
-            b = np.concatenate(gather(index, other, index.document_of(other)[1], budget - len(a)))
+            b = np.concatenate(gather(index, other, index.document_of(other)[1], target - len(a)))
         else:
             b = index.ids(other)
         label = 1
@@ -151,9 +172,16 @@ def pair_row(
 
 
 def format_rows(
-    index: SentenceIndex, fmt: str, loss: str, batch_size: int, length: int, generator: torch.Generator
+    index: SentenceIndex,
+    fmt: str,
+    loss: str,
+    batch_size: int,
+    length: int,
+    generator: torch.Generator,
+    short_seq_prob: float = 0.0,
 ) -> Rows:
-    """A micro-batch of rows of `length` tokens in one of the formats that read the sentence index."""
+    """A micro-batch of rows of `length` tokens in one of the formats that read the sentence index
+    (`short_seq_prob`: segment pairs')."""
     import torch
 
     rows, labels = [], []
@@ -163,7 +191,7 @@ def format_rows(
             sentences = gather(index, anchor, index.document_of(anchor)[1], length, keep_eos=True)
             rows.append(np.concatenate(sentences)[:length])
         else:
-            row, label = pair_row(index, anchor, length, fmt, loss, generator)
+            row, label = pair_row(index, anchor, length, fmt, loss, generator, short_seq_prob)
             rows.append(row)
             labels.append(label)
     lengths = torch.tensor([len(row) for row in rows])

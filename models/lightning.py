@@ -56,6 +56,7 @@ class TrainConfig:
     sampling: Literal["random", "epoch"]
     val_batches: int
     input_format: InputFormat = "full_sentences"  # RoBERTa's; all but full_sentences read the sentence index
+    short_seq_prob: float = 0.0  # BERT's short segment pairs (models/input_formats.py)
 
     def pair_loss(self) -> str:
         """The loss on a pair format's [CLS] (`objectives.mlm.pair_loss`), or none."""
@@ -113,7 +114,7 @@ def static_generator(seed: int, row: int, copy: int) -> torch.Generator:
 def formatted_rows(index: SentenceIndex, cfg: TrainConfig, generator: torch.Generator) -> Rows:
     """A micro-batch's rows in the config's input format, from the sentence index."""
     fmt, loss = cfg.input_format, cfg.pair_loss()
-    return format_rows(index, fmt, loss, cfg.batch_size, cfg.row_length(), generator)
+    return format_rows(index, fmt, loss, cfg.batch_size, cfg.row_length(), generator, cfg.short_seq_prob)
 
 
 class PackedBatches(IterableDataset):

@@ -56,9 +56,9 @@ def segments(row: list[int]) -> tuple[list[int], list[int]]:
     return row[1:first], row[first + 1 : row.index(SEP, first + 1)]
 
 
-def rows(index: SentenceIndex, fmt: str, loss: str, length: int = 40, seed: int = 0, n: int = 64):
-    generator = torch.Generator().manual_seed(seed)
-    return format_rows(index, fmt, loss, n, length, generator)
+def rows(index: SentenceIndex, fmt: str, loss: str, length: int = 40, n: int = 64, short: float = 0.0):
+    generator = torch.Generator().manual_seed(0)
+    return format_rows(index, fmt, loss, n, length, generator, short)
 
 
 def test_doc_sentences_are_whole_sentences_of_one_document(tmp_path: Path) -> None:
@@ -122,6 +122,20 @@ def test_a_long_pair_loses_tokens_from_its_longer_segment(tmp_path: Path) -> Non
     assert torch.equal(batch.tokens, again.tokens)  # a function of the generator's seed
 
 
+def test_bert_short_rows_gather_fewer_sentences(tmp_path: Path) -> None:
+    """`short_seq_prob` (BERT's 0.1; 1 here): rows gather sentences up to a random target in [2, the
+    row's] and so hold fewer tokens, still pairs of A and B; a lone sentence gets a random B, as in
+    BERT, so more of them are next-sentence negatives."""
+    _, index = packed(tmp_path)
+    full = rows(index, "segment_pair", "nsp", length=20, n=400)
+    short = rows(index, "segment_pair", "nsp", length=20, n=400, short=1.0)
+    assert short.lengths.float().mean() < full.lengths.float().mean() - 3
+    assert int(full.pair_labels.sum()) < int(short.pair_labels.sum()) < 400
+    for row in short.tokens.tolist():
+        a, b = segments([t for t in row if t != PAD])
+        assert a and b and len(a) + len(b) <= 17
+
+
 def test_a_pair_format_trains_its_head_and_counts_its_flops(tmp_path: Path) -> None:
     packed(tmp_path)
     run = PretrainParams(seq_len=32, batch_size=8, input_format="segment_pair", warmup_steps=0)
@@ -159,6 +173,11 @@ def test_albert_trains_sentence_order_with_factorized_embeddings_and_one_shared_
         (
             {"pretrain": {"input_format": "segment_pair"}},
             "pretrain.input_format: segment_pair reads where sentences start: set pack.sentences: true",
+        ),
+        (
+            {"pretrain": {"short_seq_prob": 0.1}},
+            "pretrain.short_seq_prob: short rows are drawn for segment pairs (BERT's), and "
+            "pretrain.input_format is full_sentences (models.m)",
         ),
         (
             {"pretrain": {"input_format": "doc_sentences", "sampling": "epoch"}, "pack": {"sentences": True}},

@@ -91,6 +91,11 @@ class PretrainParams(Strict):
         "but full_sentences need pack.sentences, the masked LM and random sampling; the pairs train "
         "objectives.mlm.pair_loss on [CLS]",
     )
+    short_seq_prob: Fraction = Field(
+        0.0,
+        description="segment_pair's short rows: the chance that a row gathers sentences up to a random "
+        "length in [2, the row's] (BERT's create_pretraining_data.py: 0.1; RoBERTa: none)",
+    )
     num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="DataLoader workers; auto: up to 4 per GPU, none on the CPU"
     )
@@ -182,6 +187,11 @@ class PretrainSections(ModelsSections):
                 raise ValueError(
                     f"{self.pretrain_key(name, 'input_format')}: {fmt} draws its rows of the masked LM "
                     f"(objective mlm) at random sentences (sampling random); {wrong}"
+                )
+            if run.short_seq_prob and fmt != "segment_pair":
+                raise ValueError(
+                    f"{self.pretrain_key(name, 'short_seq_prob')}: short rows are drawn for segment pairs "
+                    f"(BERT's), and {self.pretrain_key(name, 'input_format')} is {fmt} (models.{name})"
                 )
             if fmt in PAIR_FORMATS and args.get("pair_loss") != "none" and args.get("boundary_loss"):
                 raise ValueError(

@@ -350,13 +350,14 @@ class FlowTracking:
         another host are left as they are: whether that process lives cannot be told from here. How
         many runs were marked."""
         running = "attributes.status = 'RUNNING'"
-        host = socket.gethostname().replace("'", "")
+        host = socket.gethostname()
         parents = self.client.search_runs(
-            [self.experiment_id], f"tags.`{FLOW_PROCESS_TAG}` LIKE '{host}:%' and {running}", max_results=1000
+            [self.experiment_id], f"tags.`{FLOW_PROCESS_TAG}` LIKE '%:%' and {running}", max_results=1000
         )
         ended = 0
         for parent in parents:
-            if flow_process_alive(parent.data.tags[FLOW_PROCESS_TAG]):
+            owner = parent.data.tags[FLOW_PROCESS_TAG]
+            if owner.rsplit(":", 2)[0] != host or flow_process_alive(owner):
                 continue
             owned = tags_query({"mlflow.parentRunId": parent.info.run_id})
             children = self.client.search_runs([self.experiment_id], f"{owned} and {running}")

@@ -227,7 +227,7 @@ def summarise(
     trainer: Any, module: Any, run: PretrainParams, objective: str, flops: tuple[int, int]
 ) -> dict[str, Any]:
     """metrics/pretrain/<model>.json: no wall-clock time (it is in MLflow), so the same params give the
-    same bytes. `flops`: one micro-batch's counted and estimated FLOPs."""
+    same bytes. `flops`: one micro-batch's counted and estimated FLOPs. Every process calls it."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     steps, micro_batches = trainer.global_step, run.accumulate * trainer.world_size
     budget = "max_flops" if run.max_flops else "max_steps"
@@ -236,7 +236,8 @@ def summarise(
     return {
         "steps": steps,
         "stopped_by": budget if steps >= module.cfg.max_steps else "max_minutes",
-        "tokens_seen": steps * micro_batches * run.batch_size * run.seq_len,
+        # the rows' positions less their padding (an input format's short rows)
+        "tokens_seen": steps * micro_batches * run.batch_size * run.seq_len - module.padded_positions(),
         "flops_per_step": flops[0] * micro_batches,
         "train_flops": steps * micro_batches * flops[0],
         "train_flops_estimate": steps * micro_batches * flops[1],  # 6·N·D + attention + LM head

@@ -334,6 +334,10 @@ class PretrainModule(L.LightningModule):
         self._train_losses: list[tuple[int, Tensor]] = []  # on the device until the next log boundary
         self._last_log: tuple[float, int] | None = None  # the clock and step of the last boundary
         self._ended_step = 0  # global_step at the end of the last micro-batch
+        # input positions that were padding (an input format's short rows): this process's since the
+        # start or the last restore, on the device; all processes' before that, from the checkpoint
+        self._padding: Tensor | int = 0
+        self._padding_restored = 0
         self.step_flops: int | None = None  # one micro-batch's FLOPs (models.flops), set by the stage
         self.peak_flops: float | None = None  # the device's bf16 peak, when known: MFU
 
@@ -382,6 +386,8 @@ class PretrainModule(L.LightningModule):
         terms = self.terms(batch)
         loss = terms.total()
         self._train_losses.append((self.global_step, loss.detach()))  # logged per step, below
+        if "pad_mask" in batch:
+            self._padding = self._padding + (~batch["pad_mask"]).sum()
         self.log(f"train/{self.cfg.objective}_accuracy", terms.correct / terms.count)
         for name, accuracy in terms.accuracies.items():
             self.log(f"train/{name}_accuracy", accuracy)
@@ -428,12 +434,21 @@ class PretrainModule(L.LightningModule):
     def on_train_start(self) -> None:
         self._ended_step = self.global_step  # a resumed run's, restored
 
+    def padded_positions(self) -> int:
+        """Input positions trained on that were padding, summed over the processes (every one calls it)."""
+        local = torch.as_tensor(self._padding, device=self.device).reshape(1)
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            local = self.all_gather(local).sum()
+        return self._padding_restored + int(local.sum())
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._read_train_losses()
         checkpoint["loss_history"] = self.history
+        checkpoint["padded_positions"] = self.padded_positions()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.history = list(checkpoint.get("loss_history", []))
+        self._padding, self._padding_restored = 0, checkpoint.get("padded_positions", 0)
 
     def on_train_end(self) -> None:
         self._read_train_losses()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from lmpipe.params.pretrain import PretrainParams, PretrainSections, objectives_params
 from lmpipe.params.project import parse_params
@@ -151,6 +153,45 @@ def test_a_pair_format_trains_its_head_and_counts_its_flops(tmp_path: Path) -> N
     assert PretrainModule(model.to_dict(), plain.__dict__).pair_head is None  # no pairs, no pair loss
     head = 3 * 8 * (2 * 32 * 32 + 2 * 32 * 2)
     assert estimate_step_flops(model, train) == estimate_step_flops(model, plain) + head
+
+
+def test_tokens_seen_leaves_out_short_rows_padding_across_a_resume(tmp_path: Path) -> None:
+    """The summary's `tokens_seen` is the rows' positions less their padding: counted per micro-batch
+    in training, kept in the checkpoint, so a resumed run's count equals an unbroken one's."""
+    packed(tmp_path)
+    run = PretrainParams(
+        seq_len=32, batch_size=8, input_format="segment_pair", short_seq_prob=0.5, warmup_steps=0
+    )
+    train = train_config("encoder", "mlm", run, objectives_params(), seed=1)
+    model = ModelConfig(vocab_size=9000, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=32)
+    model = model.with_(arch="encoder", segment_embeddings=True)
+
+    def batches(start: int, stop: int) -> DataLoader:
+        return DataLoader(PackedBatches(tmp_path / "train.bin", "uint16", train, 9000, start, stop), None)
+
+    padding = sum(int((~batch["pad_mask"]).sum()) for batch in batches(0, 4))
+    assert padding > 0
+
+    def fit(module: PretrainModule, steps: int, loader: DataLoader, ckpt: Path | None = None) -> L.Trainer:
+        trainer = L.Trainer(
+            max_steps=steps,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(module, loader, ckpt_path=ckpt)
+        return trainer
+
+    first = PretrainModule(model.to_dict(), train.__dict__)
+    fit(first, 2, batches(0, 2)).save_checkpoint(tmp_path / "step2.ckpt")
+    resumed = PretrainModule(model.to_dict(), train.__dict__)
+    fit(resumed, 4, batches(2, 4), tmp_path / "step2.ckpt")
+    unbroken = PretrainModule(model.to_dict(), train.__dict__)
+    fit(unbroken, 4, batches(0, 4))
+    assert resumed.padded_positions() == unbroken.padded_positions() == padding
 
 
 def test_albert_trains_sentence_order_with_factorized_embeddings_and_one_shared_block(tmp_path: Path) -> None:

@@ -389,8 +389,8 @@ class PretrainModule(L.LightningModule):
         if "pad_mask" in batch:
             self._padding = self._padding + (~batch["pad_mask"]).sum()
         self.log(f"train/{self.cfg.objective}_accuracy", terms.correct / terms.count)
-        for name, accuracy in terms.accuracies.items():
-            self.log(f"train/{name}_accuracy", accuracy)
+        for name, value in terms.logged().items():
+            self.log(f"train/{name}", value)
         return loss
 
     def _step_loss(self, step: int) -> Tensor:
@@ -463,16 +463,16 @@ class PretrainModule(L.LightningModule):
         self._read_train_losses()  # the curve stays in step order
         # loss * tokens, correct, tokens: summed on the device, read once at the end
         self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-        self._val_accuracy_sums: dict[str, Tensor] = {}  # the terms' accuracies summed, and batches
+        self._val_logged_sums: dict[str, Tensor] = {}  # the terms' other metrics summed, and batches
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         terms = self.terms(batch)
         loss, count = terms.loss, terms.count
         tokens = torch.full((), count, dtype=torch.float64, device=loss.device)  # a fill, not a copy
         self._val_sums += torch.stack([loss.double() * count, terms.correct.double(), tokens])
-        for name, accuracy in terms.accuracies.items():
-            summed = torch.stack([accuracy.double(), torch.ones_like(tokens)])
-            self._val_accuracy_sums[name] = self._val_accuracy_sums.get(name, 0) + summed
+        for name, value in terms.logged().items():
+            summed = torch.stack([value.double(), torch.ones_like(tokens)])
+            self._val_logged_sums[name] = self._val_logged_sums.get(name, 0) + summed
 
     def on_validation_epoch_end(self) -> None:
         sums = self.all_gather(self._val_sums).reshape(-1, 3).sum(0)
@@ -481,9 +481,9 @@ class PretrainModule(L.LightningModule):
         self.log(f"val/{self.cfg.objective}_accuracy", float(sums[1] / sums[2]))
         # perplexities of different objectives are different quantities: named by objective
         self.log(f"val/{self.cfg.objective}_perplexity", math.exp(loss))
-        for name, summed in self._val_accuracy_sums.items():  # beside the token loss: a pair head's
+        for name, summed in self._val_logged_sums.items():  # beside the token loss: a pair head's
             summed = self.all_gather(summed).reshape(-1, 2).sum(0)
-            self.log(f"val/{name}_accuracy", float(summed[0] / summed[1]))
+            self.log(f"val/{name}", float(summed[0] / summed[1]))
         self.history.append({"step": self.global_step, "val_loss": loss})
 
     def configure_optimizers(self) -> dict[str, Any]:

@@ -4,11 +4,13 @@ generator, and bad params are one line naming the key."""
 
 from __future__ import annotations
 
+import lightning as L
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from lmpipe.params.pretrain import PretrainParams, objectives_params
-from lmpipe.pretraining import train_config
+from lmpipe.pretraining import summarise, train_config
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
 from models.lightning import PretrainModule, make_batch
@@ -81,6 +83,36 @@ def test_both_losses_train_and_no_gradient_reaches_the_generator_through_its_sam
     assert module.model.embed.weight.grad.any()  # shared embeddings: the discriminator's reads them
     # the discriminator is the model: what fine-tunes and exports, with no generator in it
     assert not any(name.startswith("objective_head") for name in module.model.state_dict())
+
+
+def test_validation_logs_what_the_detection_accuracy_is_read_against() -> None:
+    """The detection loss, the replaced share and recall beside the accuracy: a discriminator at its
+    prior (every token original) scores 1 - share with recall 0, one that flags every token the
+    share with recall 1; validation logs each, and the stage's summary keeps them."""
+    train = electra()
+    batch = make_batch(rows(), train, batch_generator(3, 0), 1000)
+    torch.manual_seed(0)
+    module = PretrainModule(MODEL.to_dict(), train.__dict__)
+    bias = module.objective_head.detector[-1].bias
+    with torch.no_grad():
+        bias.fill_(-100.0)
+        original = module.terms(batch)
+        bias.fill_(100.0)
+        flagged = module.terms(batch)
+    share = float(original.rates["replaced_share"])
+    assert 0.0 < share < 0.2 and share == float(flagged.rates["replaced_share"])
+    assert float(original.accuracies["replaced"]) == pytest.approx(1.0 - share)
+    assert float(flagged.accuracies["replaced"]) == pytest.approx(share)
+    assert (float(original.rates["replaced_recall"]), float(flagged.rates["replaced_recall"])) == (0.0, 1.0)
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    trainer.validate(module, DataLoader([batch, batch], batch_size=None), verbose=False)
+    logged = {key for key in trainer.callback_metrics if key.startswith("val/replaced")}
+    assert logged == {f"val/replaced_{name}" for name in ("loss", "accuracy", "share", "recall")}
+    assert float(trainer.callback_metrics["val/replaced_share"]) == pytest.approx(share)
+    summary = summarise(trainer, module, PretrainParams(seq_len=32, batch_size=8), "electra", (1, 1))
+    assert summary["val_replaced_share"] == pytest.approx(share) and "val_replaced_loss" in summary
 
 
 @pytest.mark.parametrize("width", [0.125, 0.25, 0.5, 1.0])

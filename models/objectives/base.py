@@ -62,13 +62,21 @@ class ObjectiveParams:
 class Terms:
     """What a pretraining step computes: the objective's token loss (validation's `val/loss`), its
     correct predictions and predicted tokens; losses beside it, each with its weight in the step's
-    sum (a pair loss, ELECTRA's replaced-token detection), and accuracies logged by name."""
+    sum (a pair loss, ELECTRA's replaced-token detection), accuracies logged by name, and other
+    shares logged by name (ELECTRA's replaced share and recall: what its accuracy is read against)."""
 
     loss: Tensor
     correct: Tensor
     count: int
     extra: dict[str, tuple[Tensor, float]] = field(default_factory=dict)
     accuracies: dict[str, Tensor] = field(default_factory=dict)
+    rates: dict[str, Tensor] = field(default_factory=dict)
+
+    def logged(self) -> dict[str, Tensor]:
+        """What is logged beside the token loss, by metric name: each extra loss, accuracy and share."""
+        losses = {f"{name}_loss": loss.detach() for name, (loss, _) in self.extra.items()}
+        accuracies = {f"{name}_accuracy": accuracy for name, accuracy in self.accuracies.items()}
+        return losses | accuracies | self.rates
 
     def total(self) -> Tensor:
         """What the step minimises: the token loss and the weighted extra losses."""

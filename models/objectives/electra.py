@@ -149,9 +149,14 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
             weights = torch.ones_like(replaced) if pad_mask is None else pad_mask.reshape(-1).float()
             detection = F.binary_cross_entropy_with_logits(scores, replaced, weight=weights, reduction="sum")
             detection = detection / weights.sum()
-            accuracy = (((scores > 0).float() == replaced).float() * weights).sum() / weights.sum()
+            detected = (scores > 0).float()
+            accuracy = ((detected == replaced).float() * weights).sum() / weights.sum()
+            # at its prior the discriminator labels every token original: accuracy 1 - share, recall 0
+            share = (replaced * weights).sum() / weights.sum()
+            recall = (detected * replaced).sum() / replaced.sum().clamp(min=1.0)
             terms = {"replaced": (detection, self.weight)}
-            return Terms(loss, correct, labels.numel(), terms, {"replaced": accuracy})
+            rates = {"replaced_share": share, "replaced_recall": recall}
+            return Terms(loss, correct, labels.numel(), terms, {"replaced": accuracy}, rates)
 
     return ElectraHead()
 

@@ -436,10 +436,10 @@ class PretrainModule(L.LightningModule):
 
     def padded_positions(self) -> int:
         """Input positions trained on that were padding, summed over the processes (every one calls it)."""
-        local = torch.as_tensor(self._padding, device=self.device).reshape(1)
+        counts = torch.as_tensor(self._padding, device=self.device).reshape(1)
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            local = self.all_gather(local).sum()
-        return self._padding_restored + int(local.sum())
+            counts = self.all_gather(counts)
+        return self._padding_restored + int(counts.sum())
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._read_train_losses()

@@ -231,8 +231,9 @@ def summarise(
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     steps, micro_batches = trainer.global_step, run.accumulate * trainer.world_size
     budget = "max_flops" if run.max_flops else "max_steps"
-    # beside the token loss: a pair head's (BERT's next-sentence prediction), an objective head's
-    beside = {f"val_{key[4:]}": value for key, value in metrics.items() if key.startswith("val/")}
+    # every `val/` metric, the heads' too (BERT's next-sentence prediction, ELECTRA's detection); the
+    # token loss's keys are named below as well, so that they stand (None) when validation never ran
+    val_metrics = {f"val_{key[4:]}": value for key, value in metrics.items() if key.startswith("val/")}
     return {
         "steps": steps,
         "stopped_by": budget if steps >= module.cfg.max_steps else "max_minutes",
@@ -246,5 +247,5 @@ def summarise(
         "val_loss": metrics.get("val/loss"),
         f"val_{objective}_perplexity": metrics.get(f"val/{objective}_perplexity"),
         f"val_{objective}_accuracy": metrics.get(f"val/{objective}_accuracy"),
-        **beside,
+        **val_metrics,
     }

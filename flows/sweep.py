@@ -112,10 +112,12 @@ def command_line(
     argv: Sequence[str] | None,
     check: Callable[[dict[str, Any]], None],
     summary: Callable[[dict[str, Any]], str],
+    plan: Callable[[dict[str, Any]], str] | None = None,
 ) -> int:
     """Parse `argv` into `flow_fn`'s parameters (`--max-parallel` for `max_parallel`; JSON for lists
     and mappings), `check` them (bad input is one line before any flow starts), run the flow and print
-    `summary` of its result."""
+    `summary` of its result; with `plan`, `--plan` prints what `plan` says of the arguments instead and
+    starts no flow."""
     function = getattr(flow_fn, "fn", flow_fn)  # a Prefect flow wraps the function
     hints = typing.get_type_hints(function, include_extras=True)
     module = sys.modules[function.__module__]
@@ -133,7 +135,12 @@ def command_line(
         else:
             flag = "--" + name.replace("_", "-")
             parser.add_argument(flag, dest=name, type=kind, default=parameter.default, help=option.help)
+    if plan is not None:
+        parser.add_argument(
+            "--plan", action="store_true", help="print what would run and its cost; run nothing"
+        )
     arguments = vars(parser.parse_args(argv))
+    planning = bool(arguments.pop("plan", False))
 
     def body() -> str:
         for name in given_as_json:
@@ -143,6 +150,8 @@ def command_line(
                 except json.JSONDecodeError as exc:
                     raise PipelineError(f"--{name.replace('_', '-')} is not JSON: {exc}") from None
         check(arguments)
+        if planning and plan is not None:
+            return plan(arguments)
         return summary(flow_fn(**arguments))
 
     return cli(body)

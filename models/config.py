@@ -94,12 +94,13 @@ class ModelConfig:
         return replace(self, **changes)
 
 
-# Sizes of the papers' models (BERT-base, GPT-1, T5-base) and small ones that train on a CPU.
+# Sizes of the papers' models (BERT-base and -large, GPT-1, T5-base) and small ones that train on a CPU.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=128, n_layers=2, n_heads=2, d_ff=512, max_len=128),
     "small": dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128),
     "medium": dict(d_model=512, n_layers=8, n_heads=8, d_ff=2048, max_len=512),
     "bert-base": dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_len=512, norm_position="post"),
+    "bert-large": dict(d_model=1024, n_layers=24, n_heads=16, d_ff=4096, max_len=512, norm_position="post"),
     "gpt1": dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_len=512, norm_position="post"),
     "t5-base": dict(
         d_model=768,

@@ -137,7 +137,20 @@ def test_text_infilling_spans_are_poisson_lengths() -> None:
     assert 0.8 * expected < masks < 1.25 * expected
 
 
-@pytest.mark.parametrize("objective", ["bert_style", "drop", "span", "bart"])
+def test_deshuffling_reads_the_rows_tokens_in_another_order_and_rebuilds_the_row() -> None:
+    """T5's deshuffling: the inputs are the row's tokens permuted (all of them, as T5's code draws it),
+    the targets the row as it was; both end in EOS."""
+    objective = OBJECTIVES["deshuffle"]
+    tokens = rows(8, objective.row_length(32, {}))
+    shuffled = pair("deshuffle", tokens)
+    original = torch.cat([tokens, torch.full((8, 1), EOS)], dim=1)
+    assert torch.equal(shuffled.targets, original) and shuffled.inputs.shape == original.shape
+    assert (shuffled.inputs.shape[1], shuffled.targets.shape[1]) == objective.widths(32, {})[:2]
+    assert torch.equal(shuffled.inputs.sort(1).values, original.sort(1).values)
+    assert not torch.equal(shuffled.inputs, original)
+
+
+@pytest.mark.parametrize("objective", ["bert_style", "drop", "span", "bart", "deshuffle"])
 def test_a_pair_is_a_pure_function_of_rows_and_seed(objective: str) -> None:
     tokens = rows(4, 40)
     values = {"noise_mask": "iid"} if objective == "span" else {}
@@ -153,6 +166,7 @@ VARIANTS = [
     ("bart", {"noise": "token_masking"}),
     ("bart", {"noise": "token_deletion"}),
     ("bart", {"noise": "document_rotation"}),
+    ("deshuffle", {}),
 ]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -26,14 +25,13 @@ import yaml
 from prefect.testing.utilities import prefect_test_harness
 
 from flows import EPHEMERAL_TIMEOUT_ENV
-from flows.ablation import PRESETS, baseline_index, equal_flops_budget, expand, preset_rows, resolve_grid
 from flows.common import PipelineError, error_line
 from flows.pipeline import StageFailed, pipeline, read_graph, select
 from flows.sweep import point_overrides
 from lmpipe.tracking import FLOW_PROCESS_TAG, flow_process
 from tests.project import TWO_KEY_SWEEP, copy_project, dvc_stages, make_project, sh
 from tests.services import BIN, free_port, prefect, prefect_env, prefect_server, start, stop
-from tests.workdir import DEFAULT_PARAMS, ROOT
+from tests.workdir import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +126,7 @@ def test_a_point_may_set_a_key_that_only_its_profile_has(tmp_path: Path) -> None
         "baseline": None,
         "profile": "real-cpu",
         "set_params": None,
+        "rows": None,
     }
     arguments |= {"corpus": str(tmp_path), "glue": str(tmp_path), "grid": [decoder]}
     check(arguments)
@@ -149,310 +148,6 @@ def test_a_point_may_set_a_key_that_only_its_profile_has(tmp_path: Path) -> None
         "grid key 'models.decoder_clm.pretrain.max_steps': the point does not train decoder_clm "
         "(models: ['encoder_mlm'])"
     )
-
-
-def test_set_params_give_a_presets_rows_another_budget(tmp_path: Path) -> None:
-    """`--set-params` go between the profile and the points: T5's objective rows, made from
-    encdec_span, take the budget set for it; a bad key is one line before any flow starts."""
-    from flows.ablation import check
-    from flows.sweep import Sweep
-
-    (tmp_path / "SST-2").mkdir()
-    budget = {"models.encdec_span.pretrain.max_steps": 1000}
-    sweep = Sweep("ablation", str(ROOT), "t", 1, "real-cpu", str(tmp_path), str(tmp_path), set_params=budget)
-    points = expand(resolve_grid("t5_objectives", None, sweep.params))
-    steps = {
-        name: sweep.validate(sweep.overrides(point)).pretrain_of(name).max_steps
-        for point in points
-        for name in point["models"]
-    }
-    assert steps == {"bert_style": 1000, "mass_style": 1000, "replace_spans": 1000, "drop": 1000}
-    arguments = {"repo": str(ROOT), "preset": "t5_objectives", "baseline": None, "grid": None}
-    arguments |= {"profile": "real-cpu", "corpus": str(tmp_path), "glue": str(tmp_path)}
-    check(arguments | {"set_params": budget})
-    with pytest.raises(PipelineError) as caught:
-        check(arguments | {"set_params": {"models.encdec_span.pretrain.max_step": 1000}})
-    assert str(caught.value).startswith("profile real-cpu with --set-params: models.encdec_span.pretrain")
-    assert "max_step" in str(caught.value) and "\n" not in str(caught.value)
-
-
-def preset_points(name: str, params: dict = DEFAULT_PARAMS) -> list[dict]:
-    return expand(resolve_grid(name, None, params))
-
-
-def test_rows_run_some_of_a_presets_table_against_its_baseline() -> None:
-    """`--rows` keeps the preset's baseline (named by its values among the rows kept) and its order;
-    rows without the baseline, out of range, repeated, or with a grid are one line each."""
-    points = preset_points("electra")
-    kept, baseline = preset_rows(points, [3, 1], None, "electra")
-    assert kept == [points[0], points[2]] and baseline == {"models": "encoder_mlm"}
-    assert baseline_index(kept, baseline, "electra") == 0
-    kept, baseline = preset_rows(points, [2, 4], {"objectives.electra.generator_width": 0.5}, "electra")
-    assert kept == [points[1], points[3]] and baseline_index(kept, baseline, "electra") == 1
-    bad = {
-        "[2, 3]": "the baseline, row 1, must be among them",
-        "[1, 6]": "give distinct row numbers from 1 to 5 (preset electra)",
-        "[1, 1]": "give distinct row numbers from 1 to 5 (preset electra)",
-        "[]": "give distinct row numbers from 1 to 5 (preset electra)",
-    }
-    for rows, message in bad.items():
-        with pytest.raises(PipelineError, match=re.escape(f"--rows {rows}: {message}")):
-            preset_rows(points, json.loads(rows), None, "electra")
-    with pytest.raises(PipelineError, match="--rows picks a preset's rows; with --grid give only"):
-        preset_rows(points, [1], None, None)
-
-
-def test_presets_are_the_seeds_tables_as_dvc_overrides() -> None:
-    points = {name: preset_points(name) for name in PRESETS}
-    assert [p["objectives.mlm.mask_rate"] for p in points["masking_rate"]] == [0.10, 0.15, 0.20, 0.25, 0.40]
-    assert [p["objectives.span.noise_density"] for p in points["span_density"]] == [0.10, 0.15, 0.25, 0.50]
-    assert len(points["mask_split"]) == 2
-    overrides = {
-        name: [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in grid]
-        for name, grid in points.items()
-    }
-    assert overrides["masking_rate"][0] == [
-        "~models.decoder_clm",
-        "~models.encdec_span",
-        "objectives.mlm.mask_rate=0.1",
-    ]
-    assert overrides["mask_split"][0][-2:] == [
-        "objectives.mlm.mask_fraction=1.0",
-        "objectives.mlm.random_fraction=0.0",
-    ]
-    assert overrides["systems"] == [
-        ["~models.decoder_clm", "~models.encdec_span"],
-        ["~models.encoder_mlm", "~models.encdec_span"],
-        ["~models.encoder_mlm", "~models.decoder_clm"],
-    ]
-    # fine-tuning-only presets: the points differ in `finetune` keys alone, which no pretrain stage reads
-    assert [o[-1] for o in overrides["pooling"]] == [
-        f'finetune.common.pooling.encoder="{pooling}"' for pooling in ("cls", "mean", "max")
-    ]
-    assert [o[-1] for o in overrides["gpt1_aux_loss"]] == [
-        "finetune.common.lm_loss_weight=0.5",
-        "finetune.common.lm_loss_weight=0.0",
-    ]
-    pretrain_params = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["pretrain"]["do"]["params"]
-    assert not any(str(key).startswith("finetune") for key in pretrain_params)
-    with pytest.raises(PipelineError, match="grid key 'models'"):
-        point_overrides({"models": "gpt9"}, DEFAULT_PARAMS, ROOT / "params.yaml")
-    # each preset names its baseline point: BERT's 15 % and 80/10/10, T5's 15 % and encoder-decoder
-    baselines = {name: grid[baseline_index(grid, None, name)] for name, grid in points.items()}
-    assert baselines["masking_rate"]["objectives.mlm.mask_rate"] == 0.15
-    assert baselines["mask_split"]["objectives.mlm.random_fraction"] == 0.1
-    assert baselines["systems"] == {"models": "encdec_span"}
-    assert baselines["t5_architectures"]["models"] == {
-        "encdec_denoise": {"from": "encdec_span", "objective": "span"}
-    }
-    assert baselines["t5_objectives"]["objectives.span.noise_mask"] == "iid"
-    assert baselines["span_length"] == {"models": "encdec_span", "objectives.span.noise_mask": "iid"}
-    assert baselines["bart_noise"]["objectives.bart.noise"] == "text_infilling"
-    assert baselines["span_density"]["objectives.span.noise_density"] == 0.15
-    assert baselines["pooling"]["finetune.common.pooling.encoder"] == "cls"
-    assert baselines["input_format"] == {
-        "models": {
-            "encoder_segment_pair": {
-                "from": "encoder_mlm",
-                "segment_embeddings": True,
-                "pretrain": {"input_format": "segment_pair"},
-            }
-        },
-        "pack.sentences": True,
-    }
-    # BERT's 12 × 768 against 6 × 1088 at the default's tiny encoder (2 × 128, 2 heads, MLP 512)
-    assert points["depth_width"] == [
-        {"models": "encoder_mlm"},
-        {"models": {"encoder_wide": {"from": "encoder_mlm", "n_layers": 1, "d_model": 180, "d_ff": 725}}},
-    ]
-    assert baselines["positions"]["models"] == {
-        "encoder_learned": {"from": "encoder_mlm", "positions": "learned"}
-    }
-    assert baselines["masking"] == {
-        "models": "encoder_mlm",
-        "pretrain.sampling": "epoch",
-        "objectives.mlm.masking": "dynamic",
-    }
-    assert baselines["gpt1_aux_loss"]["finetune.common.lm_loss_weight"] == 0.5
-    assert baseline_index(points["masking_rate"], {"objectives.mlm.mask_rate": 0.25}, None) == 3
-    with pytest.raises(PipelineError, match=r'baseline \{"objectives.mlm.mask_rate": 0.3\}: no point'):
-        baseline_index(points["masking_rate"], {"objectives.mlm.mask_rate": 0.3}, "masking_rate")
-    with pytest.raises(PipelineError, match="has no key 'objectives.mlm.mask_rat'"):
-        point_overrides({"objectives.mlm.mask_rat": 0.2}, DEFAULT_PARAMS, ROOT / "params.yaml")
-    assert expand({"a.b": [1, 2], "c": ["x", "y"]}) == [
-        {"a.b": 1, "c": "x"},
-        {"a.b": 1, "c": "y"},
-        {"a.b": 2, "c": "x"},
-        {"a.b": 2, "c": "y"},
-    ]
-
-
-def test_every_preset_point_validates_on_every_profile(tmp_path: Path) -> None:
-    """Every preset's points, and the scaling ladder's, are valid params on every profile (a profile's
-    per-model budgets, models.<name>.pretrain, go with the models a point removes)."""
-    from flows import profile as profiles
-    from flows.scaling import LADDER, ladder_points
-
-    (tmp_path / "SST-2").mkdir()  # a GLUE folder with a task in it
-    for name in profiles.available():
-        on_profile = profiles.overrides(name, str(tmp_path), str(tmp_path))
-        params = profiles.applied(ROOT, on_profile, name)
-        for preset, grid in [
-            *((p, resolve_grid(p, None, params)) for p in PRESETS),
-            ("scaling", ladder_points(LADDER)),
-        ]:
-            for point in expand(grid):
-                given = [*on_profile, *point_overrides(point, params, ROOT / "params.yaml")]
-                profiles.validate(ROOT, given, f"{name}/{preset}")
-
-
-def test_systems_preset_trains_every_point_on_the_baselines_flops() -> None:
-    from flows.profile import validate
-    from lmpipe.pretraining import planned_train_flops
-
-    points = preset_points("systems")
-    overrides = [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in points]
-    validated = [validate(ROOT, point, "params.yaml") for point in overrides]
-    base = baseline_index(points, None, "systems")
-    budget, words = equal_flops_budget(validated, base)
-    vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
-    assert points[base] == {"models": "encdec_span"}  # T5's ★
-    assert budget == planned_train_flops(validated[base], "encdec_span", vocab)
-    assert words == f"{budget:.3g} FLOPs each, what encdec_span spends on its 200 steps"
-    steps = {}
-    for params in validated:
-        (name,) = params.models
-        one_step = planned_train_flops(params, name, vocab) / params.pretrain.max_steps
-        at_budget = params.model_copy(
-            update={"pretrain": params.pretrain.model_copy(update={"max_flops": budget})}
-        )
-        spent = planned_train_flops(at_budget, name, vocab)
-        assert budget - one_step < spent <= budget  # whole steps, never over the budget
-        steps[name] = spent / one_step
-    # the encoder-decoder's two stacks cost the most a step, and the decoder's LM head on every token
-    # (on a 1,024-token vocabulary) more than the encoder's on 15 % of them: fewer steps for the same FLOPs
-    assert steps["encoder_mlm"] > steps["decoder_clm"] > steps["encdec_span"] == 200, steps
-
-    short = [validate(ROOT, [*point, "pretrain.warmup_steps=150"], "params.yaml") for point in overrides]
-    with pytest.raises(PipelineError, match=r"^equal FLOPs: params.yaml: pretrain.max_flops: .* fewer than"):
-        equal_flops_budget(short, 0)
-
-
-def test_depth_width_rows_have_the_same_block_weights_and_train_on_equal_flops() -> None:
-    """BERT's deep-narrow and shallow-wide encoders: the same matmul weights in their blocks (6·1088² ≈
-    12·768²), so the same FLOPs a token but the LM head's; the sweep gives both the baseline's FLOPs."""
-    from flows.profile import validate
-    from models.stack_flops import block_weights
-
-    points = preset_points("depth_width")
-    overrides = [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in points]
-    validated = [validate(ROOT, point, "params.yaml") for point in overrides]
-    deep, wide = (
-        params.models[name].config_fields()
-        for params, name in zip(validated, ("encoder_mlm", "encoder_wide"), strict=True)
-    )
-    weights = [f["n_layers"] * block_weights(f["d_model"], f["d_ff"], "gelu") for f in (deep, wide)]
-    assert abs(weights[1] / weights[0] - 1) < 0.01, weights
-    _, words = equal_flops_budget(validated, baseline_index(points, None, "depth_width"))
-    assert words.endswith("what encoder_mlm spends on its 200 steps")
-
-
-def test_albert_rows_cut_parameters_not_flops_and_train_on_equal_flops() -> None:
-    """ALBERT's rows at the default's tiny encoder (d 128: E 24, BERT-base's 128/768): each reduction
-    cuts parameters, together the most; a shared block costs what its unshared layers do."""
-    from flows.profile import validate
-    from lmpipe.pretraining import planned_train_flops
-    from models.transformer import Transformer
-
-    points = preset_points("albert")
-    assert points[1] == {"models": {"encoder_factorized": {"from": "encoder_mlm", "embedding_size": 24}}}
-    validated = [
-        validate(ROOT, point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml"), "params.yaml")
-        for p in points
-    ]
-    vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
-    size, step = {}, {}
-    for params in validated:
-        (name,) = params.models
-        size[name] = Transformer(params.models[name].config(vocab)).num_parameters()
-        step[name] = planned_train_flops(params, name, vocab) / params.pretrain_of(name).max_steps
-    assert size["encoder_mlm"] > size["encoder_factorized"] > size["encoder_albert"]
-    assert size["encoder_mlm"] > size["encoder_shared"] > size["encoder_albert"]
-    assert (
-        step["encoder_shared"] == step["encoder_mlm"] and step["encoder_albert"] == step["encoder_factorized"]
-    )
-    _, words = equal_flops_budget(validated, baseline_index(points, None, "albert"))
-    assert words.endswith("what encoder_mlm spends on its 200 steps")
-
-
-def test_electra_rows_pay_for_their_generator_in_steps_at_equal_flops() -> None:
-    """MLM against ELECTRA at four generator widths: a wider generator costs more a step, so at the
-    MLM's FLOPs each ELECTRA row gets fewer steps, the widest the fewest."""
-    from flows.profile import validate
-    from lmpipe.pretraining import planned_train_flops
-
-    points = preset_points("electra")
-    assert [p.get("objectives.electra.generator_width") for p in points] == [None, 0.125, 0.25, 0.5, 1.0]
-    overrides = [point_overrides(p, DEFAULT_PARAMS, ROOT / "params.yaml") for p in points]
-    validated = [validate(ROOT, point, "params.yaml") for point in overrides]
-    budget, words = equal_flops_budget(validated, baseline_index(points, None, "electra"))
-    assert words.endswith("what encoder_mlm spends on its 200 steps")
-    vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
-    steps = []
-    for params in validated:
-        (name,) = params.models
-        at_budget = params.model_copy(
-            update={"pretrain": params.pretrain.model_copy(update={"max_flops": budget})}
-        )
-        steps.append(
-            planned_train_flops(at_budget, name, vocab) / (planned_train_flops(params, name, vocab) / 200)
-        )
-    assert steps[0] == pytest.approx(200) and 200 > steps[1] > steps[2] > steps[3] > steps[4], steps
-
-
-def test_t5_table_rows_have_the_tables_parameters_and_costs() -> None:
-    """T5's Table 2 at the profile's size, counted by the project's own code: the encoder-decoder 2P
-    at cost M, shared P at M, half depth P at M/2, the decoder-only and prefix LMs P at M; equal FLOPs
-    but the half-depth rows, which get half (the cost the table gives them)."""
-    import torch
-
-    from flows.ablation import cost
-    from flows.profile import validate
-    from lmpipe.pretraining import planned_train_flops
-    from models.transformer import Transformer
-
-    def stacks(config) -> int:  # the parameters of the stacks, not the embeddings T5's P leaves out
-        with torch.device("meta"):
-            model = Transformer(config)
-        return sum(
-            p.numel() for name, p in model.named_parameters() if name.startswith(("encoder", "decoder"))
-        )
-
-    points = preset_points("t5_architectures")
-    assert len(points) == 10 and points[baseline_index(points, None, "t5_architectures")] == points[0]
-    vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
-    size, step = {}, {}
-    validated = []
-    for point in points:
-        params = validate(ROOT, point_overrides(point, DEFAULT_PARAMS, ROOT / "params.yaml"), "params.yaml")
-        validated.append(params)
-        (name,) = params.models
-        size[name] = stacks(params.models[name].config(vocab))
-        step[name] = planned_train_flops(params, name, vocab) / params.pretrain_of(name).max_steps
-    for objective in ("denoise", "lm"):
-        p, m = size[f"decoder_{objective}"], step[f"encdec_{objective}"]
-        assert size[f"prefix_lm_{objective}"] == p
-        # 2P: two stacks, and the decoder's cross-attention on top
-        assert 2 * p < size[f"encdec_{objective}"] < 2.5 * p
-        for one_stack in ("encdec_shared", "encdec_half"):
-            assert p < size[f"{one_stack}_{objective}"] < 1.4 * p, one_stack
-        assert step[f"encdec_shared_{objective}"] == m
-        assert 0.45 * m < step[f"encdec_half_{objective}"] < 0.6 * m  # the LM head is not halved
-        for decoder in ("decoder", "prefix_lm"):  # inputs and targets through one stack: about M
-            assert 0.85 * m < step[f"{decoder}_{objective}"] <= m, decoder
-    budget, _ = equal_flops_budget(validated, 0)
-    assert budget == planned_train_flops(validated[0], "encdec_denoise", vocab)
-    assert [cost("t5_architectures", point) for point in points] == [1, 1, 0.5, 1, 1] * 2
 
 
 def test_a_point_may_define_its_own_models_from_those_of_its_params(tmp_path: Path) -> None:
@@ -477,59 +172,6 @@ def test_a_point_may_define_its_own_models_from_those_of_its_params(tmp_path: Pa
         PipelineError, match=r"^grid key 'models.t5': give \{\"from\": <a model of params.yaml>"
     ):
         point_overrides(refused, params, ROOT / "params.yaml")
-
-
-def test_within_noise_points_are_read_against_the_papers_effect_size() -> None:
-    from flows.ablation import PAPER_EFFECTS, has_values, power_lines
-
-    for preset, effects in PAPER_EFFECTS.items():  # each names a point of its preset, not its baseline
-        points = preset_points(preset)
-        baseline = points[baseline_index(points, None, preset)]
-        for values, _, _ in effects:
-            assert sum(has_values(point, values) for point in points) == 1 and not has_values(
-                baseline, values
-            )
-    rate = "objectives.mlm.mask_rate"
-    table = pd.DataFrame(
-        {
-            "experiment": ["r10", "r15", "r20", "r25", "r40"],
-            rate: [0.10, 0.15, 0.20, 0.25, 0.40],
-            "vs_baseline_verdict": ["within noise", "baseline", "worse", "within noise", "within noise"],
-            "vs_baseline_detectable": [2.9, float("nan"), 0.3, 0.8, 2.0],
-            "glue_average_std": [0.5, 0.4, 0.2, 0.3, 0.6],
-        }
-    )
-    # 3 seeds: the seeds' spread widens what is detectable; 12 seeds would bring r25's to 0.896 ≤ 0.9
-    assert power_lines(table, "masking_rate", 3) == [
-        "- `r10`: BERT, Table 5 measured -1.2; this comparison detects ±3.08 (±2.90 from the dev examples, "
-        "and the seeds' std: 0.50 here, 0.40 at the baseline, over 3 seeds): the dev examples alone miss 1.2 "
-        "at any number of seeds; about 5.8× the dev examples would detect it, or a budget at which the "
-        "effect is larger.",
-        "- `r25`: BERT, Table 5 measured -0.9; this comparison detects ±1.14 (±0.80 from the dev examples, "
-        "and the seeds' std: 0.30 here, 0.40 at the baseline, over 3 seeds): about 12 seeds per point would "
-        "detect 0.9.",
-    ]  # r20 has a verdict; 40 % is not in the paper's table
-    one_seed = power_lines(table, "masking_rate", 1)
-    assert one_seed[1] == (
-        "- `r25`: BERT, Table 5 measured -0.9; this comparison detects ±0.80 (the dev examples'; no seed "
-        "spread measured), so an effect of the paper's size would have shown 80 % of the time."
-    )
-    assert power_lines(table, None, 3) == []
-    # T5's table: the decoder-only language model against the encoder-decoder (★), -9.5 GLUE points
-    architecture = pd.DataFrame(
-        {
-            "experiment": ["a1", "a2", "a3"],
-            "models": ["encoder_mlm", "decoder_clm", "encdec_span"],
-            "vs_baseline_verdict": ["within noise", "within noise", "baseline"],
-            "vs_baseline_detectable": [3.0, 3.1, float("nan")],
-            "glue_average_std": [0.5, 1.0, 0.7],
-        }
-    )
-    assert power_lines(architecture, "systems", 3) == [
-        "- `a2`: T5, Table 2 (decoder-only LM) measured -9.5; this comparison detects ±3.68 (±3.10 from the "
-        "dev examples, and the seeds' std: 1.00 here, 0.70 at the baseline, over 3 seeds), so an effect of "
-        "the paper's size would have shown 80 % of the time."
-    ]
 
 
 def test_a_fine_tuning_sweep_compares_each_init_at_its_best_point() -> None:

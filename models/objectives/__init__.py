@@ -5,7 +5,7 @@ derived from this registry (lmpipe/params/pretrain.py)."""
 
 from __future__ import annotations
 
-from models.objectives import bart, bert_style, clm, drop, electra, lm, mae_lm, mixture, mlm, span
+from models.objectives import bart, bert_style, clm, deshuffle, drop, electra, lm, mae_lm, mixture, mlm, span
 from models.objectives.base import Objective
 
 OBJECTIVES: dict[str, Objective] = {}
@@ -18,7 +18,7 @@ def register(objective: Objective) -> Objective:
     return objective
 
 
-for _module in (mlm, clm, lm, span, bert_style, drop, bart, electra, mae_lm):
+for _module in (mlm, clm, lm, span, bert_style, drop, deshuffle, bart, electra, mae_lm):
     register(_module.OBJECTIVE)
 register(mixture.Mixture("unilm", mixture.UniLMParams))
 register(mixture.Mixture("ul2", mixture.UL2Params))

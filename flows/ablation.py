@@ -21,7 +21,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -66,16 +66,35 @@ Grid = dict[str, list[Any]] | list[dict[str, Any]]
 @dataclass(frozen=True)
 class Planned:
     """The points a sweep runs: their values, each one's row of the preset's card (None for a grid),
-    and the index of the point every other is compared with."""
+    and the index of the point every other is compared with; the card and all its rows."""
 
     values: list[dict[str, Any]]
     rows: list[Row | None]
     base: int
     card: Card | None = None
+    card_rows: list[Row] = field(default_factory=list)
 
     @property
     def equal_flops(self) -> bool:
         return self.card is not None and self.card.compute == "equal FLOPs"
+
+    def paper(self) -> list[tuple[str | None, float | None]]:
+        """Each point's row of the paper, by its name, and what the paper measured for it against ★."""
+        return [(None, None) if row is None else (row.name, effect(row, self.card_rows)) for row in self.rows]
+
+    def at_equal_flops(
+        self, overrides: list[list[str]], validated: Sequence[Params]
+    ) -> tuple[list[list[str]], float | None, str | None]:
+        """With an equal-FLOPs card, every point's overrides with its budget (the ★ point's FLOPs times
+        its row's cost), the budget, and that in words; else the overrides as they are."""
+        if not self.equal_flops:
+            return overrides, None, None
+        budget, words = equal_flops_budget(validated, self.base)
+        with_budget = [
+            [*point, f"pretrain.max_flops={budget * row.cost!r}"]
+            for row, point in zip(self.rows, overrides, strict=True)
+        ]
+        return with_budget, budget, words
 
 
 def planned(
@@ -99,7 +118,7 @@ def planned(
     if preset not in CARDS:
         raise PipelineError(f"preset '{preset}' is unknown (presets: {', '.join(CARDS)})")
     card = CARDS[preset]
-    rows = card.rows_on(params)
+    rows = every = card.rows_on(params)
     values = expand([row.point for row in rows])
     base = baseline_index(values, baseline) if baseline else next(i for i, row in enumerate(rows) if row.star)
     if numbers is not None:
@@ -116,7 +135,7 @@ def planned(
         order = sorted(numbers)
         base = order.index(base + 1)
         rows, values = [rows[n - 1] for n in order], [values[n - 1] for n in order]
-    return Planned(values, list(rows), base, card)
+    return Planned(values, list(rows), base, card, every)
 
 
 def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -190,7 +209,7 @@ def comparison(
     swept: Sequence[str],
     baseline: Point,
     seed: int,
-    rows_of: Sequence[Row | None] = (),
+    paper: Sequence[tuple[str | None, float | None]] = (),
 ) -> pd.DataFrame:
     """One row per (point, model): the swept values; GLUE average and tasks of the pretrained model
     (median over seeds) with their std over seeds; Δ against scratch with its interval and verdict (from
@@ -209,8 +228,8 @@ def comparison(
         runs, labels, idx = read_aligned(results[point.index]["predictions"])
         for model, scores in results[point.index]["glue"].items():
             row: dict[str, Any] = {"experiment": point.experiment, "point": label(point.values, swept)}
-            paper_row = rows_of[point.index - 1] if len(rows_of) >= point.index else None
-            row["paper_row"] = paper_row.name if paper_row is not None else None
+            # the paper's row the point runs, and what the paper measured for it against its ★ row
+            row["paper_row"], row["paper_effect"] = paper[point.index - 1] if paper else (None, None)
             # a key the point leaves out: None, the params' value
             row.update({key: point.values.get(key) for key in swept})
             if MODELS_KEY in row and row[MODELS_KEY] is not None:
@@ -331,7 +350,7 @@ def task_columns(table: pd.DataFrame) -> list[str]:
     return [c[: -len("_vs_baseline_verdict")] for c in table.columns if c.endswith("_vs_baseline_verdict")]
 
 
-def power_lines(table: pd.DataFrame, card: Card | None, card_rows: Sequence[Row], seeds: int) -> list[str]:
+def power_lines(table: pd.DataFrame, card: Card | None, seeds: int) -> list[str]:
     """For each within-noise point that the preset's paper measured: what this sweep detects against the
     paper's effect, and what would detect it. The bootstrap's detectable effect holds the dev examples'
     error with the fine-tuning seeds fixed; each point's seeds add their variance over `seeds` runs (the
@@ -343,13 +362,11 @@ def power_lines(table: pd.DataFrame, card: Card | None, card_rows: Sequence[Row]
     base = table.loc[table["vs_baseline_verdict"] == "baseline", "glue_average_std"]
     base_std = float(base.iloc[0]) if len(base) else float("nan")
     lines = []
-    by_name = {paper_row.name: paper_row for paper_row in card_rows}
     for row in table.to_dict("records"):
-        paper_row = by_name.get(row.get("paper_row"))
-        measured = effect(paper_row, card_rows) if paper_row is not None else None
-        if card is None or measured is None or row["vs_baseline_verdict"] != "within noise":
+        measured = row.get("paper_effect")
+        if card is None or pd.isna(measured) or row["vs_baseline_verdict"] != "within noise":
             continue
-        source = f"{card.source} ({paper_row.name})"
+        source = f"{card.source} ({row['paper_row']})"
         size, dev_only, std = abs(measured), row["vs_baseline_detectable"], row["glue_average_std"]
         # detectable² = dev_only² + seed_term / seeds: the seeds' term is their variance, both points'
         seed_term = Z_DETECTABLE**2 * (std**2 + base_std**2) if seeds > 1 else float("nan")
@@ -407,7 +424,6 @@ def markdown(
         header += (
             "\n## The paper's table\n\n" + "\n".join(card_lines(card, card_rows, here)) + "\n\n## Ours\n"
         )
-    by_name = {paper_row.name: paper_row for paper_row in card_rows}
     paper = ["the paper's row", "the paper's Δ vs ★"] if card is not None else []
     columns = ["experiment", *paper, *swept, "model", "GLUE average", *tasks, "scratch average"]
     columns += ["Δ vs scratch", "Δ vs baseline", "parameters", "pretrain steps", "pretrain FLOPs"]
@@ -416,9 +432,8 @@ def markdown(
     for row in table.to_dict("records"):
         cells = [row["experiment"]]
         if card is not None:
-            paper_row = by_name.get(row.get("paper_row"))
-            measured = effect(paper_row, card_rows) if paper_row is not None else None
-            cells += [cell(row.get("paper_row")), "" if measured is None else f"{measured:+.2f}"]
+            measured = row.get("paper_effect")
+            cells += [cell(row.get("paper_row")), "" if pd.isna(measured) else f"{measured:+.2f}"]
         cells += [*(cell(row.get(k)) for k in swept), row["model"]]
         cells += [f"{row['glue_average']:.2f} ± {row['glue_average_std']:.2f}"]
         cells += [f"{row[t]:.2f} ± {row[f'{t}_std']:.2f}" for t in tasks]
@@ -433,7 +448,7 @@ def markdown(
     for row in table.to_dict("records"):
         cells = [_interval(row, f"{t}_vs_baseline") for t in tasks]
         lines.append(f"| {row['experiment']} | {row['model']} | " + " | ".join(cells) + " |")
-    power = power_lines(table, card, card_rows, seeds)
+    power = power_lines(table, card, seeds)
     if power:
         lines += ["", "Within noise, against the paper (80 % power, 95 % intervals):", "", *power]
     if best is not None and len(best):
@@ -569,13 +584,7 @@ def ablation(
     validated = [sweep.validate(point) for point in overrides]  # every point, up front
     keys = list(dict.fromkeys(key for point in values for key in point))
     swept = [key for key in keys if len({json.dumps(p.get(key), sort_keys=True) for p in values}) > 1]
-    compute = None
-    if plan.equal_flops:
-        budget, compute = equal_flops_budget(validated, base)
-        overrides = [
-            [*point_overrides_, f"pretrain.max_flops={budget * row.cost!r}"]
-            for row, point_overrides_ in zip(plan.rows, overrides, strict=True)
-        ]
+    overrides, _, compute = plan.at_equal_flops(overrides, validated)
 
     points_planned = [
         (point, point_overrides_, {f"param.{key}": text(value) for key, value in point.items()})
@@ -609,14 +618,13 @@ def ablation(
         sweep.finish_point(point, metrics, {k: text(v) for k, v in point.values.items()})
 
     seed = int(sweep.params.get("seed", 0))
-    table = comparison(points, results, swept, points[base], seed, plan.rows)
+    table = comparison(points, results, swept, points[base], seed, plan.paper())
     if len(table):
         synthetic = validated[0].glue.synthetic
         seeds = len(validated[base].finetune.seeds)
         # where only fine-tuning values vary, each init's best point is a comparison of its own
         finetuning = bool(swept) and all(key.startswith("finetune.") for key in swept)
         best = best_of_each_init(points, results, seed) if finetuning else None
-        card_rows = plan.card.rows_on(sweep.params) if plan.card is not None else []
         (model, *_) = validated[base].models
         ours = here(validated[base], model, plan.equal_flops)
         report = markdown(
@@ -627,7 +635,7 @@ def ablation(
             points[base],
             compute,
             plan.card,
-            card_rows,
+            plan.card_rows,
             seeds,
             best,
             ours,
@@ -642,7 +650,7 @@ def ablation(
         if best is not None:
             files["best_of_each_init.csv"] = best.to_csv(index=False)
         if plan.card is not None:
-            files["card.md"] = "\n".join(card_lines(plan.card, card_rows, ours)) + "\n"
+            files["card.md"] = "\n".join(card_lines(plan.card, plan.card_rows, ours)) + "\n"
         sweep.publish(files, "comparison.md", "ablation-comparison")
         logger.info("comparison of %d points: %s\n%s", table["experiment"].nunique(), sweep.out, report)
     sweep.close({}, failed)
@@ -697,16 +705,12 @@ def plan(arguments: dict[str, Any]) -> str:
         arguments["preset"], arguments["grid"], sweep.params, arguments["baseline"], arguments["rows"]
     )
     overrides = [sweep.overrides(point) for point in found.values]
-    budget = None
-    if found.equal_flops:
-        budget, _ = equal_flops_budget([sweep.validate(point) for point in overrides], found.base)
-        overrides = [
-            [*point_overrides_, f"pretrain.max_flops={budget * row.cost!r}"]
-            for row, point_overrides_ in zip(found.rows, overrides, strict=True)
-        ]
+    if found.equal_flops:  # the points' steps at the budget: validated again with it
+        overrides, budget, _ = found.at_equal_flops(overrides, [sweep.validate(point) for point in overrides])
+    else:
+        budget = None
     validated = [sweep.validate(point) for point in overrides]
-    all_rows = found.card.rows_on(sweep.params) if found.card is not None else []
-    return plan_text(found.card, all_rows, found.rows, validated, found.base, budget, sweep.repo_dir)
+    return plan_text(found.card, found.card_rows, found.rows, validated, found.base, budget, sweep.repo_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -77,18 +77,13 @@ def train_counts(params: Params, name: str) -> tuple[int, int, int]:
     """(parameters, steps, training FLOPs) of `pretrain@<name>` as the params set it."""
     import torch
 
-    from lmpipe.pretraining import step_budget, train_config, world_size
-    from models.flops import count_step_flops
+    from lmpipe.pretraining import planned_steps
     from models.transformer import Transformer
 
     vocab = params.tokenizer.vocab_size
-    variant, run = params.models[name], params.pretrain_of(name)
-    config = variant.config(vocab)
     with torch.device("meta"):
-        parameters = Transformer(config).num_parameters()
-    train = train_config(variant.arch, variant.objective, run, params.objectives, params.seed)
-    step = count_step_flops(config, train) * run.accumulate * world_size(run)
-    steps = step_budget(name, params, run, step)
+        parameters = Transformer(params.models[name].config(vocab)).num_parameters()
+    steps, step = planned_steps(params, name, vocab)
     return parameters, steps, steps * step
 
 
@@ -173,7 +168,6 @@ def plan_text(
     base: int,
     budget: float | None,
     repo_dir: Path,
-    measure: bool = True,
 ) -> str:
     """The card, then a line per point: the paper's row, its params against the baseline, the models it
     trains with their parameters, steps and FLOPs, and the estimated wall time here."""
@@ -188,7 +182,7 @@ def plan_text(
         ]
     if budget is not None:
         lines += ["", f"Equal FLOPs: {budget:.3g} training FLOPs a row (times its cost)."]
-    rate = training_rate(baseline, model) if measure else None
+    rate = training_rate(baseline, model)
     header = "| point | the paper's row | against the baseline | model | parameters | steps | train FLOPs | "
     header += "est. pretrain | fine-tunes | est. fine-tune |"
     lines += ["", header, "|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -197,7 +191,7 @@ def plan_text(
         for name in params.models:
             parameters, steps, flops = train_counts(params, name)
             jobs, tune = finetune_flops(params, name, parameters, repo_dir)
-            pre_s, tune_s = (flops / rate, tune / rate) if rate else (float("nan"), float("nan"))
+            pre_s, tune_s = flops / rate, tune / rate
             totals[0] += pre_s
             totals[1] += tune_s
             cells = [
@@ -208,21 +202,20 @@ def plan_text(
                 f"{parameters / 1e6:.2f} M",
                 str(steps),
                 f"{flops:.3g}",
-                minutes(pre_s) if rate else "",
+                minutes(pre_s),
                 str(jobs),
-                minutes(tune_s) if rate else "",
+                minutes(tune_s),
             ]
             lines.append("| " + " | ".join(cells) + " |")
-    if rate:
-        lines += [
-            "",
-            f"Estimated on this machine ({cpu_name() or platform.machine()}, {threads()} threads): "
-            f"{rate / 1e9:.1f} GFLOP/s "
-            f"measured on a decoder of `{model}`'s size; pretraining {minutes(totals[0])}, fine-tuning "
-            f"{minutes(totals[1])} (an upper bound: rows padded to max_len), in all "
-            f"{minutes(sum(totals))}, one point at a time. Stages a point shares with another (its data, "
-            "a scratch baseline) run once, so this counts them for every point.",
-        ]
+    lines += [
+        "",
+        f"Estimated on this machine ({cpu_name() or platform.machine()}, {threads()} threads): "
+        f"{rate / 1e9:.1f} GFLOP/s "
+        f"measured on a decoder of `{model}`'s size; pretraining {minutes(totals[0])}, fine-tuning "
+        f"{minutes(totals[1])} (an upper bound: rows padded to max_len), in all "
+        f"{minutes(sum(totals))}, one point at a time. Stages a point shares with another (its data, "
+        "a scratch baseline) run once, so this counts them for every point.",
+    ]
     return "\n".join(lines) + "\n"
 
 

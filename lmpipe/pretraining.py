@@ -137,12 +137,18 @@ def world_size(run: PretrainParams) -> int:
 
 def planned_train_flops(params: PretrainSections, name: str, vocab_size: int) -> int:
     """The training FLOPs `pretrain@<name>` spends on its step budget as params.yaml sets it."""
+    steps, step = planned_steps(params, name, vocab_size)
+    return steps * step
+
+
+def planned_steps(params: PretrainSections, name: str, vocab_size: int) -> tuple[int, int]:
+    """(the steps of `pretrain@<name>`'s budget, the training FLOPs of one) as params.yaml sets them."""
     from models.flops import count_step_flops
 
     variant, run = params.models[name], params.pretrain_of(name)
     train_cfg = train_config(variant.arch, variant.objective, run, params.objectives, params.seed)
     step = count_step_flops(variant.config(vocab_size), train_cfg) * run.accumulate * world_size(run)
-    return step * step_budget(name, params, run, step)
+    return step_budget(name, params, run, step), step
 
 
 def step_budget(name: str, params: PretrainSections, run: PretrainParams, flops_per_step: int) -> int:

@@ -267,19 +267,21 @@ def test_t5_table_rows_have_the_tables_parameters_and_costs() -> None:
 def test_within_noise_points_are_read_against_the_papers_effect_size() -> None:
     from flows.ablation import power_lines
 
-    card = CARDS["span_density"]
-    rows = card.rows_on(DEFAULT_PARAMS)
+    plan = plan_of("span_density")
+    names, effects = zip(*plan.paper(), strict=True)
+    assert names == ("10%", "15%", "25%", "50%")
     table = pd.DataFrame(
         {
             "experiment": ["d10", "d15", "d25", "d50"],
-            "paper_row": ["10%", "15%", "25%", "50%"],
+            "paper_row": names,
+            "paper_effect": effects,
             "vs_baseline_verdict": ["within noise", "baseline", "within noise", "worse"],
             "vs_baseline_detectable": [2.9, float("nan"), 0.2, 0.3],
             "glue_average_std": [0.5, 0.4, 0.1, 0.6],
         }
     )
     # 3 seeds: the seeds' spread widens what is detectable; d50 has a verdict of its own
-    assert power_lines(table, card, rows, 3) == [
+    assert power_lines(table, plan.card, 3) == [
         "- `d10`: T5 (Raffel et al., 2020), Table 6 (corruption rate) (10%) measured -0.5; this comparison "
         "detects ±3.08 (±2.90 from the dev examples, and the seeds' std: 0.50 here, 0.40 at the baseline, "
         "over 3 seeds): the dev examples alone miss 0.5 at any number of seeds; about 39.7× the dev examples "
@@ -288,17 +290,11 @@ def test_within_noise_points_are_read_against_the_papers_effect_size() -> None:
         "detects ±0.70 (±0.20 from the dev examples, and the seeds' std: 0.10 here, 0.40 at the baseline, "
         "over 3 seeds): about 35 seeds per point would detect 0.3.",
     ]
-    assert power_lines(table, None, [], 3) == []
+    assert power_lines(table, None, 3) == []
     # a card with no figure for a row sets nothing beside it
-    assert (
-        power_lines(
-            table.assign(paper_row=["10%"] * 4),
-            CARDS["masking_rate"],
-            CARDS["masking_rate"].rows_on(DEFAULT_PARAMS),
-            3,
-        )
-        == []
-    )
+    rates = plan_of("masking_rate")
+    unmeasured = [effect for _, effect in rates.paper()][:4]
+    assert power_lines(table.assign(paper_effect=unmeasured), rates.card, 3) == []
 
 
 def test_plan_prints_the_card_the_points_and_their_cost_and_runs_nothing() -> None:

@@ -102,6 +102,35 @@ def model_fields(params: Mapping[str, Any], model: str, preset: str) -> dict[str
     return ModelParams.model_validate(models[model]).config_fields()
 
 
+def max_len_for(params: Mapping[str, Any], model: str, arch: str, objective: str, **args: Any) -> int:
+    """The max_len `model` (of the params, which its preset has checked) needs as `arch` to read a row of
+    `objective` (its params section with `args` changed) at its sequence length: at least its own."""
+    from lmpipe.params.models import ModelParams
+    from lmpipe.params.pretrain import PretrainParams, longest_read, objectives_params
+
+    fields = ModelParams.model_validate(params[MODELS_KEY][model]).config_fields()
+    own = (params[MODELS_KEY][model] or {}).get("pretrain") or {}
+    seq_len = PretrainParams.model_validate({**(params.get("pretrain") or {}), **own}).seq_len
+    sections = dict(params.get("objectives") or {})
+    sections[objective] = {**sections.get(objective, {}), **args}
+    arguments = objectives_params(sections).model_dump()
+    return max(fields["max_len"], longest_read(arch, objective, seq_len, arguments[objective]))
+
+
+def on_segment_pairs(
+    params: Mapping[str, Any], base: str, input_format: str = "segment_pair", **fields: Any
+) -> dict[str, Any]:
+    """A model spec made from `base` with BERT's segment embeddings, reading `input_format` (its own
+    `pretrain` values kept): a point training it also sets `pack.sentences`."""
+    own = (params[MODELS_KEY][base] or {}).get("pretrain") or {}
+    return {
+        "from": base,
+        "segment_embeddings": True,
+        **fields,
+        "pretrain": {**own, "input_format": input_format},
+    }
+
+
 def _cards() -> dict[str, Card]:
     from flows.presets import albert, bart, bert, electra, gpt, mae_lm, roberta, spanbert, systems, t5, unilm
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flows.presets import MODELS_KEY, Card, Row, Setup, model_fields
+from flows.presets import MODELS_KEY, Card, Row, Setup, model_fields, on_segment_pairs
 
 PAPER = "ALBERT (Lan et al., 2020)"
 SETUP = Setup(
@@ -21,9 +21,7 @@ SETUP = Setup(
 def pairs(params: Mapping[str, Any], name: str, pair_loss: str, **fields: Any) -> dict[str, Any]:
     """An encoder made from `encoder_mlm`, on segment pairs with segment embeddings, trained with
     `pair_loss` beside the masked LM (ALBERT's data are segment pairs whatever the loss)."""
-    own = params[MODELS_KEY]["encoder_mlm"].get("pretrain") or {}
-    model = {"from": "encoder_mlm", "segment_embeddings": True, **fields}
-    model["pretrain"] = {**own, "input_format": "segment_pair"}
+    model = on_segment_pairs(params, "encoder_mlm", **fields)
     return {MODELS_KEY: {name: model}, "pack.sentences": True, "objectives.mlm.pair_loss": pair_loss}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flows.presets import MODELS_KEY, Card, Row, Setup, model_fields
+from flows.presets import MODELS_KEY, Card, Row, Setup, model_fields, on_segment_pairs
 
 PAPER = "RoBERTa (Liu et al., 2019)"
 SETUP = Setup(
@@ -21,7 +21,6 @@ def input_formats(params: Mapping[str, Any]) -> list[Row]:
     """The encoder of `encoder_mlm` with BERT's segment embeddings, on the packed data with its sentence
     index, in each input format (the pairs with BERT's next-sentence prediction)."""
     model_fields(params, "encoder_mlm", "input_format")
-    own = params[MODELS_KEY]["encoder_mlm"].get("pretrain") or {}
     rows = []
     for name, fmt, figure in (
         ("SEGMENT-PAIR", "segment_pair", 92.9),
@@ -29,7 +28,7 @@ def input_formats(params: Mapping[str, Any]) -> list[Row]:
         ("FULL-SENTENCES", "full_sentences", 92.5),
         ("DOC-SENTENCES", "doc_sentences", 92.7),
     ):
-        model = {"from": "encoder_mlm", "segment_embeddings": True, "pretrain": {**own, "input_format": fmt}}
+        model = on_segment_pairs(params, "encoder_mlm", fmt)
         point = {MODELS_KEY: {f"encoder_{fmt}": model}, "pack.sentences": True}
         rows.append(Row(name, point, figure, fmt == "segment_pair"))
     return rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flows.presets import MODELS_KEY, Card, Row, Setup
+from flows.presets import MODELS_KEY, Card, Row, Setup, on_segment_pairs
 
 MLM = "objectives.mlm"
 SETUP = Setup(
@@ -25,12 +25,7 @@ def scheme(params: Mapping[str, Any], name: str, unit: str, two: bool, boundary:
     values = {f"{MLM}.mask_unit": unit, f"{MLM}.boundary_loss": boundary}
     if not two:
         return {MODELS_KEY: {name: {"from": "encoder_mlm"}}, **values}
-    own = params[MODELS_KEY]["encoder_mlm"].get("pretrain") or {}
-    model = {
-        "from": "encoder_mlm",
-        "segment_embeddings": True,
-        "pretrain": {**own, "input_format": "segment_pair"},
-    }
+    model = on_segment_pairs(params, "encoder_mlm")
     return {MODELS_KEY: {name: model}, "pack.sentences": True, f"{MLM}.pair_loss": "nsp", **values}
 
 

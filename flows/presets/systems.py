@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flows.presets import MODELS_KEY, Card, Row, Setup, model_fields
+from flows.presets import MODELS_KEY, Card, Row, Setup, model_fields, on_segment_pairs
 
 
 def systems(params: Mapping[str, Any]) -> list[Row]:
@@ -17,10 +17,7 @@ def systems(params: Mapping[str, Any]) -> list[Row]:
     bias."""
     for model in ("encoder_mlm", "decoder_clm", "encdec_span"):
         model_fields(params, model, "systems")  # each named, before any row is made
-    models = params[MODELS_KEY]
-    own = models["encoder_mlm"].get("pretrain") or {}
-    bert = {"from": "encoder_mlm", "segment_embeddings": True, "norm_position": "post"}
-    bert["pretrain"] = {**own, "input_format": "segment_pair"}
+    bert = on_segment_pairs(params, "encoder_mlm", norm_position="post")
     gpt = {"from": "decoder_clm", "norm_position": "post"}
     t5 = {"from": "encdec_span", "norm": "rmsnorm", "bias": False, "positions": "relative"}
     return [

@@ -7,20 +7,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flows.presets import MODELS_KEY, Card, Row, Setup, made_from, model_fields
+from flows.presets import MODELS_KEY, Card, Row, Setup, made_from, max_len_for, model_fields
 
 PAPER = "T5 (Raffel et al., 2020)"
 MODEL = "encdec_span"  # the model (of params.yaml or the profile) that T5's rows are made from
 SPAN, BERT_STYLE = "objectives.span", "objectives.bert_style"
-IID = {f"{SPAN}.noise_mask": "iid"}  # T5's tables draw i.i.d. noise; random_spans is its final choice
+IID = {f"{SPAN}.noise_mask": "iid"}
+IID_ARGS = {
+    "span": {"noise_mask": "iid"},
+    "lm": {},
+}  # T5's tables draw i.i.d. noise; random_spans is its final choice
 SETUP = Setup(
     model="the T5 baseline: encoder and decoder of 12 layers × 768 each (220 M), pre-LN, RMSNorm, "
     "relative position bias",
     data="C4",
     steps="2^19 steps of 128 sequences × 512 tokens (2^35 ≈ 34 B tokens)",
     tokenizer="SentencePiece, 32k pieces",
-    evaluation="GLUE average (T5's: its Table 16's tasks), the best of its checkpoints, one run "
-    "(its baseline's std over 10 runs: 0.235 GLUE)",
+    evaluation="GLUE average over its tasks, one run a row",
 )
 FIGURES = "the paper's table (GLUE column)"
 SAME_STEPS = "every row trains the same steps, as T5's (its Tables 4-7 hold steps, not FLOPs)"
@@ -30,28 +33,14 @@ def from_t5_model(name: str, objective: str, **values: Any) -> dict[str, Any]:
     return {**made_from(MODEL, name, objective=objective), **values}
 
 
-def longest(params: Mapping[str, Any], arch: str, objective: str, **args: Any) -> int:
-    """The max_len `MODEL` needs as `arch` to read a row of `objective` with `args` changed: at least
-    its own."""
-    from lmpipe.params.pretrain import PretrainParams, longest_read, objectives_params
-
-    fields = model_fields(params, MODEL, "T5's")
-    own = (params[MODELS_KEY][MODEL] or {}).get("pretrain") or {}
-    seq_len = PretrainParams.model_validate({**(params.get("pretrain") or {}), **own}).seq_len
-    sections = dict(params.get("objectives") or {})
-    sections[objective] = {**sections.get(objective, {}), **args}
-    arguments = objectives_params(sections).model_dump()
-    return max(fields["max_len"], longest_read(arch, objective, seq_len, arguments[objective]))
-
-
 def densities(params: Mapping[str, Any]) -> list[Row]:
     """T5's corruption rates, i.i.d.: at 50 % the targets (a sentinel before each noise span) outgrow
     the row, so the rows' max_len holds what each reads."""
-    own = model_fields(params, MODEL, "span_density")["max_len"]
+    own = model_fields(params, MODEL, "span_density")["max_len"]  # checks that the model is there
     rows = []
     for rate, figure in ((0.10, 82.82), (0.15, 83.28), (0.25, 83.00), (0.50, 81.27)):
         point = {MODELS_KEY: MODEL, f"{SPAN}.noise_density": rate, **IID}
-        max_len = longest(params, "encoder_decoder", "span", noise_density=rate, noise_mask="iid")
+        max_len = max_len_for(params, MODEL, "encoder_decoder", "span", noise_density=rate, noise_mask="iid")
         if max_len > own:
             point[f"++models.{MODEL}.max_len"] = max_len
         rows.append(Row(f"{rate:.0%}", point, figure, rate == 0.15))
@@ -63,15 +52,7 @@ def architectures(params: Mapping[str, Any]) -> list[Row]:
     objective), each made from `encdec_span` at the profile's size: the same stack depth everywhere,
     half of it in each of the half-depth encoder-decoder's two stacks; a decoder-only model reads a
     row's inputs and targets as one sequence, so its `max_len` holds both."""
-    from lmpipe.params.pretrain import PretrainParams, longest_read, objectives_params
-
-    fields = model_fields(params, MODEL, "t5_architectures")
-    half = max(1, fields["n_layers"] // 2)
-    own = (params[MODELS_KEY][MODEL] or {}).get("pretrain") or {}
-    seq_len = PretrainParams.model_validate({**(params.get("pretrain") or {}), **own}).seq_len
-    sections = dict(params.get("objectives") or {})
-    sections["span"] = {**sections.get("span", {}), "noise_mask": "iid"}  # the points' denoising
-    arguments = objectives_params(sections).model_dump()
+    half = max(1, model_fields(params, MODEL, "t5_architectures")["n_layers"] // 2)
     stacks = (  # T5's row name, ours, the changes, its cost (M: the encoder-decoder's FLOPs)
         ("Encoder-decoder", "encdec", {}, 1.0),
         ("Enc-dec, shared", "encdec_shared", {"share_encoder_decoder": True}, 1.0),
@@ -87,9 +68,10 @@ def architectures(params: Mapping[str, Any]) -> list[Row]:
     for objective, suffix, said in (("span", "denoise", "denoising"), ("lm", "lm", "LM")):
         for (name, stack, changes, cost), figure in zip(stacks, figures[suffix], strict=True):
             spec = {"objective": objective, **changes}
-            if "arch" in changes:
-                reads = longest_read(changes["arch"], objective, seq_len, arguments[objective])
-                spec["max_len"] = max(fields["max_len"], reads)
+            if "arch" in changes:  # the points' denoising is i.i.d.
+                spec["max_len"] = max_len_for(
+                    params, MODEL, changes["arch"], objective, **IID_ARGS[objective]
+                )
             point = {**made_from(MODEL, f"{stack}_{suffix}", **spec), **IID}
             star = stack == "encdec" and objective == "span"
             rows.append(Row(f"{name}, {said}", point, figure, star, cost))

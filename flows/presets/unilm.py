@@ -5,33 +5,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flows.presets import MODELS_KEY, Card, Row, Setup, model_fields
+from flows.presets import MODELS_KEY, Card, Row, Setup, max_len_for, model_fields
 
 
-def one_stack(params: Mapping[str, Any], name: str, arch: str, objective: str, preset: str) -> dict[str, Any]:
+def one_stack(params: Mapping[str, Any], name: str, arch: str, objective: str) -> dict[str, Any]:
     """A model made from `encoder_mlm` (its size on the profile) as `arch` trained with `objective`, its
     max_len holding the longest row it reads."""
-    from lmpipe.params.pretrain import PretrainParams, longest_read, objectives_params
-
-    fields = model_fields(params, "encoder_mlm", preset)
-    own = params[MODELS_KEY]["encoder_mlm"].get("pretrain") or {}
-    seq_len = PretrainParams.model_validate({**(params.get("pretrain") or {}), **own}).seq_len
-    arguments = objectives_params(params.get("objectives") or {}).model_dump()
-    reads = longest_read(arch, objective, seq_len, arguments[objective])
-    spec = {
-        "from": "encoder_mlm",
-        "arch": arch,
-        "objective": objective,
-        "max_len": max(fields["max_len"], reads),
+    max_len = max_len_for(params, "encoder_mlm", arch, objective)
+    return {
+        MODELS_KEY: {name: {"from": "encoder_mlm", "arch": arch, "objective": objective, "max_len": max_len}}
     }
-    return {MODELS_KEY: {name: spec}}
 
 
 def unilm(params: Mapping[str, Any]) -> list[Row]:
+    model_fields(params, "encoder_mlm", "unilm")
     return [
-        Row("GPT", one_stack(params, "unilm_gpt", "decoder", "clm", "unilm"), 72.8),
-        Row("BERT-LARGE", one_stack(params, "unilm_bert", "prefix_lm", "mlm", "unilm"), 80.5, star=True),
-        Row("UniLM", one_stack(params, "unilm", "prefix_lm", "unilm", "unilm"), 80.8),
+        Row("GPT", one_stack(params, "unilm_gpt", "decoder", "clm"), 72.8),
+        Row("BERT-LARGE", one_stack(params, "unilm_bert", "prefix_lm", "mlm"), 80.5, star=True),
+        Row("UniLM", one_stack(params, "unilm", "prefix_lm", "unilm"), 80.8),
     ]
 
 
@@ -69,7 +60,7 @@ CARDS = (
             model="BERT-LARGE's shape, 24 × 1024, 340 M; UniLM initialised from BERT-LARGE's weights; GPT "
             "is GPT-1 (12 × 768)",
             data="English Wikipedia and BookCorpus",
-            steps="UniLM: 770,000 steps of 330 × 512 on top of BERT-LARGE's 1 M",
+            steps="UniLM: trained on from BERT-LARGE's weights (its steps and batch not checked here)",
             tokenizer="WordPiece 28,996 (BERT's cased)",
             evaluation="GLUE test",
         ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -76,20 +76,25 @@ def make_batch(
     vocab_size: int,
     row_epochs: list[tuple[int, int]] | None = None,
     formatted: Rows | None = None,
-    word_starts: Tensor | None = None,
+    pieces: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """The objective's pair of the rows, as the architecture's batch; a mixture's component drawn by
     its share from the batch's stream first, the rows cut to the length it reads. With static masking
     and each row's (row index, epoch) in `row_epochs`, a row's noise comes from its own stream, fixed
-    by the row and the copy the epoch reads (epoch mod copies), whichever batch it lands in. An
-    objective that masks whole words reads `word_starts`, the tokenizer's table of word-start pieces."""
+    by the row and the copy the epoch reads (epoch mod copies), whichever batch it lands in. `pieces`
+    holds the tokenizer's piece tables (models/pieces.py) that the objectives read, by name."""
     parts = OBJECTIVES[cfg.objective].components(cfg.objective_args)
     _, objective, args = parts[0]
     if len(parts) > 1:
         shares = torch.tensor([share for share, _, _ in parts], dtype=torch.float64)
         _, objective, args = parts[int(torch.multinomial(shares, 1, generator=generator))]
-    if objective.reads_word_starts(args):
-        args = {**args, "word_starts": word_starts}
+    tables = objective.piece_tables(args)
+    if tables:
+        missing = [name for name in tables if pieces is None or name not in pieces]
+        if missing:
+            read = ", ".join(missing)
+            raise ValueError(f"objective {objective.name} reads the tokenizer's {read}: not given")
+        args = {**args, **{name: pieces[name] for name in tables}}
     rows = rows[:, : objective.row_length(cfg.seq_len, args)]
     if formatted is not None:  # an input format's rows: short ones padded, pairs with their labels
         pair = objective.pair(rows, args, generator, vocab_size)
@@ -130,10 +135,10 @@ class PackedBatches(IterableDataset):
         stop: int,
         rank: int = 0,
         world_size: int = 1,
-        word_starts: Tensor | None = None,
+        pieces: Mapping[str, Tensor] | None = None,
     ) -> None:
         self.path, self.dtype, self.cfg, self.vocab_size = path, dtype, cfg, vocab_size
-        self.word_starts = word_starts
+        self.pieces = pieces
         self.start, self.stop, self.rank, self.world_size = start, stop, rank, world_size
         self._epoch_order: tuple[int, np.ndarray] | None = None
         self._index: SentenceIndex | None = None
@@ -170,15 +175,12 @@ class PackedBatches(IterableDataset):
             if self._index is None:  # opened in the process that reads it (a DataLoader worker)
                 self._index = SentenceIndex(tokens, self.path.parent, self.path.stem)
             rows = formatted_rows(self._index, self.cfg, generator)
-            words = self.word_starts
             return make_batch(
-                rows.tokens, self.cfg, generator, self.vocab_size, formatted=rows, word_starts=words
+                rows.tokens, self.cfg, generator, self.vocab_size, formatted=rows, pieces=self.pieces
             )
         starts, row_epochs = self.offsets(index, generator, len(tokens))
         rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
-        return make_batch(
-            rows, self.cfg, generator, self.vocab_size, row_epochs, word_starts=self.word_starts
-        )
+        return make_batch(rows, self.cfg, generator, self.vocab_size, row_epochs, pieces=self.pieces)
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         info = get_worker_info()
@@ -189,7 +191,7 @@ class PackedBatches(IterableDataset):
 
 
 def validation_batches(
-    path: Path, dtype: str, cfg: TrainConfig, vocab_size: int, word_starts: Tensor | None = None
+    path: Path, dtype: str, cfg: TrainConfig, vocab_size: int, pieces: Mapping[str, Tensor] | None = None
 ) -> list[dict[str, Tensor]]:
     tokens = np.memmap(path, dtype=dtype, mode="r")
     length = cfg.row_length()
@@ -204,15 +206,13 @@ def validation_batches(
         generator = batch_generator(cfg.seed, VAL_STEP_OFFSET + i)
         if sentences is not None:
             rows = formatted_rows(sentences, cfg, generator)
-            batches.append(
-                make_batch(rows.tokens, cfg, generator, vocab_size, formatted=rows, word_starts=word_starts)
-            )
+            batches.append(make_batch(rows.tokens, cfg, generator, vocab_size, formatted=rows, pieces=pieces))
             continue
         index = [(i * cfg.batch_size + j) % n_rows for j in range(cfg.batch_size)]
         rows = torch.from_numpy(
             np.stack([tokens[r * length : (r + 1) * length] for r in index]).astype(np.int64)
         )
-        batches.append(make_batch(rows, cfg, generator, vocab_size, word_starts=word_starts))
+        batches.append(make_batch(rows, cfg, generator, vocab_size, pieces=pieces))
     return batches
 
 
@@ -228,12 +228,12 @@ class TokenDataModule(L.LightningDataModule):
         dtype: str,
         num_workers: int = 0,
         pin_memory: bool = False,
-        word_starts: Tensor | None = None,
+        pieces: Mapping[str, Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.tokens_dir, self.cfg, self.vocab_size, self.dtype = tokens_dir, cfg, vocab_size, dtype
         self.num_workers, self.pin_memory = num_workers, pin_memory
-        self.word_starts = word_starts  # the tokenizer's word-start pieces: whole-word masking reads them
+        self.pieces = pieces  # the tokenizer's piece tables that the objective reads
 
     def train_dataloader(self) -> DataLoader:
         # called after a checkpoint is restored: start where the restored run stopped
@@ -248,7 +248,7 @@ class TokenDataModule(L.LightningDataModule):
             stop,
             self.trainer.global_rank,
             self.trainer.world_size,
-            self.word_starts,
+            self.pieces,
         )
         return DataLoader(
             data,
@@ -261,7 +261,7 @@ class TokenDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         batches = validation_batches(
-            self.tokens_dir / "val.bin", self.dtype, self.cfg, self.vocab_size, self.word_starts
+            self.tokens_dir / "val.bin", self.dtype, self.cfg, self.vocab_size, self.pieces
         )
         return DataLoader(batches, batch_size=None)
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     from models.flops import count_step_flops, estimate_step_flops, peak_flops
     from models.lightning import PretrainModule, TokenDataModule
     from models.objectives import OBJECTIVES
-    from models.objectives.spanbert import word_start_table
+    from models.pieces import piece_tables
     from models.training import NonFiniteLoss, resolve_precision
 
     # a fixed thread count, whoever starts the stage and beside what: it changes the float bits;
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32
         workers = loader_workers(run.num_workers, on_gpu, trainer.num_devices)
         parts = OBJECTIVES[train_cfg.objective].components(train_cfg.objective_args)
-        reads_words = any(part.reads_word_starts(own) for _, part, own in parts)
-        words = word_start_table(TOKENIZER / "spm.model") if reads_words else None  # whole words, spans
+        tables = [name for _, part, own in parts for name in part.piece_tables(own)]
+        pieces = piece_tables(TOKENIZER / "spm.model", tables)  # whole words, spans, sentences
         data = TokenDataModule(
             TOKENS,
             train_cfg,
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
             meta["dtype"],
             workers,
             pin_memory=on_gpu,
-            word_starts=words,
+            pieces=pieces,
         )
         if trainer.world_size * run.accumulate != micro_batches:
             processes = f"{trainer.world_size} processes, not {world_size(run)}"

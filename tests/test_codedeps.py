@@ -169,6 +169,7 @@ SHAPE = {
     },
     "models/lightning.py": {"pretrain"},
     "models/flops.py": {"pretrain"},
+    "models/pieces.py": {"pretrain"},  # the piece tables the objectives read
     "models/training.py": {"pretrain", "export", "finetune", "evaluate"},  # the objectives' seeds
     "models/finetune.py": {"finetune"},
     "models/finetune_data.py": {"finetune"},

@@ -129,6 +129,64 @@ def test_bart_noises_rebuild_to_the_row(seed: int) -> None:
                 assert start is None or inputs[start:] + inputs[:start] == row
 
 
+STOP = V - 1  # a sentence's end in these rows' vocabulary
+ENDS = torch.zeros(V, dtype=torch.bool)
+ENDS[: SPECIAL.n_special] = ENDS[STOP] = True
+
+
+def sentences_of(tokens: list[int]) -> list[list[int]]:
+    out, current = [], []
+    for i, token in enumerate(tokens):
+        current.append(token)
+        if ENDS[token] and (i + 1 == len(tokens) or not ENDS[tokens[i + 1]]):
+            out, current = [*out, current], []
+    return out + [current] if current else out
+
+
+def test_sentence_permutation_moves_whole_sentences_then_the_noise_applies() -> None:
+    """BART's sentence permutation (fairseq's `permute_sentences`): the row's sentences, each ending
+    after its run of sentence-end pieces, in another order; then the noise function, as fairseq
+    orders them; the targets the row as it was."""
+    tokens = rows(8, 59)
+    tokens[:, 5::9] = tokens[:, 13] = tokens[:, -1] = STOP  # 13 and 14: a run of two ends one sentence
+    original = torch.cat([tokens, torch.full((8, 1), EOS)], dim=1)
+    values = {"noise": "none", "permute_sentences": 1.0}
+
+    def noised(**changes):
+        given = args("bart", **(values | changes)) | {"sentence_ends": ENDS}
+        return OBJECTIVES["bart"].pair(tokens, given, batch_generator(0, 0), V)
+
+    shuffled = noised()
+    assert torch.equal(shuffled.targets, original)
+    moved = 0
+    for i, row in enumerate(tokens.tolist()):
+        inputs = real(shuffled.inputs, shuffled.input_lengths, i)[:-1]
+        parts = sentences_of(row)
+        assert len(parts) == 7 and sorted(sentences_of(inputs)) == sorted(parts)
+        moved += inputs != row
+    assert moved >= 7
+    half = noised(permute_sentences=0.3)
+    for i, row in enumerate(tokens.tolist()):  # ceil(0.3 × 7) = 3 sentences drawn, the rest in place
+        inputs = real(half.inputs, half.input_lengths, i)[:-1]
+        assert sum(a != b for a, b in zip(sentences_of(inputs), sentences_of(row), strict=True)) <= 3
+    infilled = noised(noise="text_infilling")
+    assert torch.equal(infilled.targets, original)
+    kept = (infilled.inputs != MASK) & (infilled.inputs != EOS) & (infilled.inputs != SPECIAL.pad)
+    assert (kept.sum(1) == 59 - noise_count(59, 0.3)).all()
+
+
+def test_sentence_permutation_reads_the_tokenizers_sentence_ends() -> None:
+    train = train_config(
+        "encoder_decoder",
+        "bart",
+        PretrainParams(seq_len=24, batch_size=4),
+        objectives_params({"bart": {"noise": "none", "permute_sentences": 1.0}}),
+        2,
+    )
+    with pytest.raises(ValueError, match="objective bart reads the tokenizer's sentence_ends: not given"):
+        make_batch(rows(4, train.row_length()), train, batch_generator(2, 0), V)
+
+
 def test_text_infilling_spans_are_poisson_lengths() -> None:
     """About one span per λ noise tokens: the [MASK]s of many rows against the noise they replace."""
     tokens = rows(64, 200)
@@ -166,6 +224,8 @@ VARIANTS = [
     ("bart", {"noise": "token_masking"}),
     ("bart", {"noise": "token_deletion"}),
     ("bart", {"noise": "document_rotation"}),
+    ("bart", {"noise": "none", "permute_sentences": 1.0}),
+    ("bart", {"noise": "text_infilling", "permute_sentences": 1.0}),
     ("deshuffle", {}),
 ]
 
@@ -178,7 +238,10 @@ def test_each_variant_trains_and_its_flops_are_counted(arch: str, objective: str
         arch, objective, PretrainParams(seq_len=24, batch_size=4), objectives_params({objective: values}), 2
     )
     model = ModelConfig(arch=arch, vocab_size=V, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=64)
-    assert_learns(model, train, make_batch(rows(4, train.row_length()), train, batch_generator(2, 0), V))
+    batch = make_batch(
+        rows(4, train.row_length()), train, batch_generator(2, 0), V, pieces={"sentence_ends": ENDS}
+    )
+    assert_learns(model, train, batch)
 
 
 @pytest.mark.parametrize(
@@ -201,6 +264,11 @@ def test_each_variant_trains_and_its_flops_are_counted(arch: str, objective: str
             {"arch": "encoder_decoder", "objective": "bart"},
             {"bart": {"noise": "text_infilling", "noise_density": 0.6}},
             "objectives.bart: text_infilling places its spans between kept tokens",
+        ),
+        (
+            {"arch": "encoder_decoder", "objective": "bart"},
+            {"bart": {"noise": "none"}},
+            "objectives.bart: noise none with permute_sentences 0 corrupts nothing",
         ),
     ],
 )

@@ -82,6 +82,30 @@ def test_each_objective_learns_real_text(real_pipeline: Workdir, name: str) -> N
     assert result["val_loss"] < baseline - 0.3, (result, baseline)
 
 
+@pytest.mark.parametrize(
+    ("model", "objectives"),
+    [
+        ({"arch": "encoder", "objective": "mlm"}, {"mlm": {"mask_unit": "span"}}),
+        ({"arch": "encoder_decoder", "objective": "bart"}, {"bart": {"permute_sentences": 1.0}}),
+    ],
+)
+def test_the_stage_gives_an_objective_the_piece_tables_it_reads(
+    sample_pipeline: Workdir, model: dict, objectives: dict
+) -> None:
+    """Whole-word spans read the tokenizer's word starts, sentence permutation its sentence ends
+    (models/pieces.py): the stage builds what the objective names from the trained tokenizer."""
+    settings = {"models": {"m": model | {"preset": "tiny"}}, "pretrain.max_steps": 3}
+    settings |= {
+        f"objectives.{name}.{key}": value for name, keys in objectives.items() for key, value in keys.items()
+    }
+    with sample_pipeline.changed(
+        settings | {"pretrain.val_every": 3, "pretrain.warmup_steps": 1, "pretrain.batch_size": 4}
+    ):
+        run_stages(sample_pipeline, "pretrain", "m")
+        result = json.loads((sample_pipeline.path / "metrics/pretrain/m.json").read_text())
+    assert result["steps"] == 3 and np.isfinite(result["val_loss"])
+
+
 def decoder_project(template: Path, path: Path, pretrain: dict) -> Path:
     """A copy of the reproduced CI-sized project (its data up to date), with one tiny CLM model and
     `pretrain` settings."""

@@ -99,7 +99,7 @@ def test_the_boundary_objective_trains_beside_the_masked_lm_and_its_flops_are_co
         arch="encoder", vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_len=64
     )
     model = model.with_(**changes)
-    batch = make_batch(rows(8, 64), train, batch_generator(3, 0), VOCAB, word_starts=TABLE)
+    batch = make_batch(rows(8, 64), train, batch_generator(3, 0), VOCAB, pieces={"word_starts": TABLE})
     assert {"span_left", "span_right", "span_offset"} <= set(batch)
     module = assert_learns(model, train, batch, steps=8)  # also: the count equals the estimate
     terms = module.terms(batch)
@@ -121,7 +121,7 @@ def test_token_masking_is_unchanged_and_reads_no_word_starts() -> None:
         objectives_params({"mlm": {"mask_unit": "word"}}),
         3,
     )
-    with pytest.raises(ValueError, match="mask_unit word reads word starts"):
+    with pytest.raises(ValueError, match="objective mlm reads the tokenizer.s word_starts: not given"):
         make_batch(rows(8, 64), spans, batch_generator(3, 0), VOCAB)
 
 

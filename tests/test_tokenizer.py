@@ -9,6 +9,7 @@ import pytest
 import sentencepiece as spm
 
 from lmpipe.runtime import StageError
+from models.pieces import piece_tables
 from models.special import SPECIAL_IDS
 from tests.pipeline_helpers import clean_texts, prepared, run_stages
 
@@ -70,3 +71,15 @@ def test_round_trip_on_real_documents(real_pipeline) -> None:
     for doc in docs:
         # nmt_nfkc: NFKC and whitespace runs (newlines included) become one space
         assert sp.decode(sp.encode(doc)) == " ".join(unicodedata.normalize("NFKC", doc).split())
+
+
+def test_piece_tables_mark_word_starts_and_sentence_ends(sample_pipeline) -> None:
+    """What whole-word masking and BART's sentence permutation read: ▁ pieces begin a word; full
+    stops, question and exclamation marks end a sentence; the specials (a document's end) do both."""
+    sp = processor(sample_pipeline)
+    tables = piece_tables(sample_pipeline.path / "data/tokenizer/spm.model", ["sentence_ends", "word_starts"])
+    ends, starts = tables["sentence_ends"], tables["word_starts"]
+    assert len(ends) == len(starts) == sp.get_piece_size() and ends[:107].all() and starts[:107].all()
+    ids = sp.encode("the cat sat. did it? yes!")  # ? and ! are byte-fallback pieces here
+    assert sp.decode([i for i in ids if ends[i]]).replace(" ", "") == ".?!"
+    assert [sp.id_to_piece(i).startswith("▁") for i in ids] == [bool(starts[i]) for i in ids]

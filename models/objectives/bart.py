@@ -2,10 +2,14 @@
 whole original. Token masking: i.i.d. tokens become [MASK]; token deletion: they are removed; text
 infilling: spans of Poisson(λ) lengths (0 included: a [MASK] inserted) each become one [MASK], so the
 model also learns how many tokens are missing; document rotation: the row starts at a random token.
-Sentence permutation needs the sentence boundaries that packing does not keep yet."""
+Sentence permutation shuffles the row's sentences before the noise function (fairseq's order), with
+or without one (`noise: none`); a sentence ends at a full stop, question or exclamation mark or a
+document's end (the tokenizer's `sentence_ends` table, models/pieces.py), where fairseq splits at
+GPT-2's full-stop token, and a row's first and last sentences are cut by the row's window."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -19,7 +23,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-Noise = Literal["token_masking", "token_deletion", "text_infilling", "document_rotation"]
+Noise = Literal["token_masking", "token_deletion", "text_infilling", "document_rotation", "none"]
 
 
 def poisson_span_lengths(num_noise: int, most: int, lam: float, generator: torch.Generator) -> Tensor:
@@ -67,10 +71,31 @@ def text_infilling(row: Tensor, noise_density: float, lam: float, generator: tor
     return out
 
 
+def permute_sentences(row: Tensor, ends: Tensor, share: float, generator: torch.Generator) -> Tensor:
+    """The row with `share` of its sentences (rounded up) permuted among their places, as fairseq's
+    `permute_sentences`; `ends` [vocab] bool marks the pieces that end a sentence (a run of them ends
+    one sentence, after its last)."""
+    import torch
+
+    is_end = ends[row]
+    is_end[-1] = True
+    stops = ((is_end[:-1] & ~is_end[1:]).nonzero().squeeze(1) + 1).tolist() + [len(row)]
+    sentences = [row[start:stop] for start, stop in zip([0, *stops[:-1]], stops, strict=True)]
+    count = math.ceil(len(sentences) * share)
+    chosen = torch.randperm(len(sentences), generator=generator)[:count]
+    order = torch.arange(len(sentences))
+    order[chosen] = chosen[torch.randperm(count, generator=generator)]
+    return torch.cat([sentences[i] for i in order.tolist()])
+
+
 def noised(row: Tensor, args: Args, generator: torch.Generator) -> Tensor:
     import torch
 
+    if args["permute_sentences"] > 0:
+        row = permute_sentences(row, args["sentence_ends"], args["permute_sentences"], generator)
     noise = args["noise"]
+    if noise == "none":
+        return row
     if noise == "document_rotation":
         return torch.roll(row, -int(torch.randint(len(row), (1,), generator=generator)))
     if noise == "text_infilling":
@@ -83,7 +108,10 @@ def noised(row: Tensor, args: Args, generator: torch.Generator) -> Tensor:
 
 @dataclass(frozen=True)
 class BartParams(ObjectiveParams):
-    noise: Noise = field(default="text_infilling", metadata={"description": "BART's noise function"})
+    noise: Noise = field(
+        default="text_infilling",
+        metadata={"description": "BART's noise function, after any sentence permutation (none: that alone)"},
+    )
     noise_density: float = field(
         default=0.3,
         metadata={"gt": 0.0, "lt": 1.0, "description": "the tokens masked, deleted or infilled (BART's 0.3)"},
@@ -91,8 +119,19 @@ class BartParams(ObjectiveParams):
     poisson_lambda: float = field(
         default=3.0, metadata={"gt": 0.0, "description": "text_infilling: the mean span length"}
     )
+    permute_sentences: float = field(
+        default=0.0,
+        metadata={
+            "ge": 0.0,
+            "le": 1.0,
+            "description": "the share of a row's sentences permuted before the noise (fairseq's "
+            "--permute-sentences; BART's own models 1.0); needs the tokenizer's sentence ends",
+        },
+    )
 
     def check(self) -> None:
+        if self.noise == "none" and self.permute_sentences == 0:
+            raise ValueError("noise none with permute_sentences 0 corrupts nothing: the decoder would copy")
         if self.noise == "text_infilling" and self.noise_density > 0.5:
             raise ValueError(
                 "text_infilling places its spans between kept tokens: noise_density must be <= 0.5"
@@ -104,6 +143,9 @@ class BartDenoising(Objective):
 
     def row_length(self, seq_len: int, args: Args) -> int:
         return seq_len - 1  # and EOS
+
+    def piece_tables(self, args: Args) -> tuple[str, ...]:
+        return ("sentence_ends",) if args["permute_sentences"] > 0 else ()
 
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
         import torch

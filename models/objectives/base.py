@@ -123,10 +123,10 @@ class Objective(ABC):
         count's example batch)."""
         return {}
 
-    def reads_word_starts(self, args: Args) -> bool:
-        """Whether `pair` reads `args["word_starts"]`, the tokenizer's [vocab] bool table of the pieces
-        that begin a word (SentencePiece's ▁), which `make_batch` adds to the args."""
-        return False
+    def piece_tables(self, args: Args) -> tuple[str, ...]:
+        """The tokenizer's piece tables that `pair` reads from its args by name (models/pieces.py:
+        `word_starts`, `sentence_ends`), which `make_batch` adds to the args."""
+        return ()
 
     def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int | None:
         """The forward FLOPs of `head` beside the model's stacks (which it runs once), for the

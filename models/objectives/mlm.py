@@ -120,8 +120,6 @@ class MaskedLM(Objective):
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
         split = args["mask_rate"], args["mask_fraction"], args["random_fraction"]
         if args["mask_unit"] != "token":
-            if args.get("word_starts") is None:
-                raise ValueError(f"mask_unit {args['mask_unit']} reads word starts: none were given")
             lengths = spanbert.span_lengths(args)
             spans = spanbert.mask_spans(
                 rows, args["word_starts"], generator, vocab_size, split[0], lengths, *split[1:]
@@ -135,8 +133,8 @@ class MaskedLM(Objective):
         masked = mask_tokens(rows, generator, vocab_size, *split)
         return Pair(masked.input_ids, rows, noise=masked.selected)
 
-    def reads_word_starts(self, args: Args) -> bool:
-        return args["mask_unit"] != "token"
+    def piece_tables(self, args: Args) -> tuple[str, ...]:
+        return ("word_starts",) if args["mask_unit"] != "token" else ()
 
     def has_head(self, args: Args) -> bool:
         return args["boundary_loss"]

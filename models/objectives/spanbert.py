@@ -10,7 +10,6 @@ offset in the span (a two-layer GELU and LayerNorm network), through the tied LM
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,17 +36,6 @@ class SpanMasked:
     span_left: Tensor
     span_right: Tensor
     span_offset: Tensor
-
-
-def word_start_table(spm_model: Path) -> Tensor:
-    """[vocab] bool: the SentencePiece pieces that begin a word (those with its ▁ mark); control
-    pieces too (the specials, a word each)."""
-    import sentencepiece as spm
-    import torch
-
-    processor = spm.SentencePieceProcessor(model_file=str(spm_model))
-    pieces = range(processor.get_piece_size())
-    return torch.tensor([processor.id_to_piece(i).startswith("▁") or processor.is_control(i) for i in pieces])
 
 
 def geometric_lengths(p: float, longest: int) -> list[float]:

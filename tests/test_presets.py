@@ -351,7 +351,37 @@ def test_a_presets_sweep_prints_its_card_in_the_report_and_on_its_mlflow_run(
     assert "card.md" in {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
 
 
-def test_the_docs_table_of_presets_is_made_from_the_cards() -> None:
-    from flows.presets.__main__ import DOC, current
+def test_the_docs_table_of_presets_and_the_readme_status_are_made_from_the_cards_and_the_log() -> None:
+    from flows.presets.__main__ import DOC, README, current, current_status
 
     assert current(DOC.read_text()) == DOC.read_text(), "python -m flows.presets --write"
+    assert current_status(README.read_text()) == README.read_text(), "python -m flows.presets --write"
+
+
+def test_the_status_reads_each_research_entry_that_names_a_preset(tmp_path: Path, monkeypatch) -> None:
+    from flows.presets import __main__ as made
+
+    (tmp_path / "2026-01.md").write_text(
+        "# Research log\n\n## 2026-01-02, late: ELECTRA at 60 minutes: `worse`\n\n"
+        "Preset: `electra` (rows 1 and 3).\n\nThe run.\n\n"
+        "## 2026-01-01: the two tables: both within noise\n\nPreset: `masking`, `pooling`.\n\n"
+        "## 2026-01-01: a profile run\n\nNo preset here; `systems` is only mentioned.\n"
+    )
+    (tmp_path / "presets-on-real-text.csv").write_text(
+        "preset,points,minutes,day,cpu,sweep\npooling,3,14.9,2026-01-03,a CPU,smoke-pooling\n"
+    )
+    monkeypatch.setattr(made, "RESULTS", tmp_path)
+    monkeypatch.setattr(made, "REAL_TEXT", tmp_path / "presets-on-real-text.csv")
+    assert made.research_runs() == {
+        "electra": [
+            "[2026-01-02, late](docs/results/2026-01.md): ELECTRA at 60 minutes: `worse` (rows 1 and 3)"
+        ],
+        "masking": ["[2026-01-01](docs/results/2026-01.md): the two tables: both within noise"],
+        "pooling": ["[2026-01-01](docs/results/2026-01.md): the two tables: both within noise"],
+    }
+    lines = {line.split(" | ")[0]: line for line in made.status_table().splitlines()}
+    assert "| 2026-01-03, 3 points, 14.9 min | [2026-01-01]" in lines["| `pooling`"]
+    assert lines["| `systems`"].endswith("| not yet | none yet |")
+    (tmp_path / "2026-01.md").write_text("## 2026-01-04: a run\n\nPreset: `no_such_preset`.\n")
+    with pytest.raises(SystemExit, match="no card has: no_such_preset"):
+        made.status_table()

@@ -306,7 +306,7 @@ def test_plan_prints_the_card_the_points_and_their_cost_and_runs_nothing() -> No
     out = planned_out.stdout
     assert out.startswith("# `gpt1_aux_loss`: GPT-1 (Radford et al., 2018), Table 5 (ablations)")
     assert "| 1 | **Transformer w/ aux LM (full)** ★ | 74.7 |  |" in out
-    assert "| 2 | Transformer w/o aux LM | 75 | +0.30 |" in out
+    assert "| 2 | Transformer w/o aux LM | 75.0 | +0.30 |" in out
     assert "finetune.common.lm_loss_weight: 0.0" in out and "(the baseline)" in out
     assert "| steps | 100 epochs of 64 × 512 | 200 steps of 16 × 128, lr 0.001 |" in out
     assert re.search(r"Estimated on this machine \(.+\): [\d.]+ GFLOP/s", out)

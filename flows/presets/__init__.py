@@ -60,6 +60,10 @@ class Card:
     rows: Sequence[Row] | Callable[[Mapping[str, Any]], Sequence[Row]]
     setup: Setup  # the paper's run, set beside ours in the plan and the report
     differences: tuple[str, ...] = field(default=())  # what else differs from the paper's rows
+    digits: int = 1  # the figures' decimals, as the paper prints them
+
+    def figure(self, row: Row) -> str:
+        return "—" if row.figure is None else f"{row.figure:.{self.digits}f}"
 
     def rows_on(self, params: Mapping[str, Any]) -> list[Row]:
         """The rows on the params a point starts from (the profile's sizes)."""
@@ -161,7 +165,7 @@ def card_lines(card: Card, rows: Sequence[Row], here: Mapping[str, str] | None =
     lines += ["| # | the paper's row | the paper's figure | Δ vs ★ |", "|---:|---|---:|---:|"]
     for number, row in enumerate(rows, start=1):
         name = f"**{row.name}** ★" if row.star else row.name
-        figure = "—" if row.figure is None else f"{row.figure:g}"
+        figure = card.figure(row)
         delta = effect(row, rows)
         lines.append(f"| {number} | {name} | {figure} | {'' if delta is None else f'{delta:+.2f}'} |")
     lines += ["", f"Figures: {card.metric}, from {card.figures_from}.", ""]

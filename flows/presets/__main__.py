@@ -40,7 +40,7 @@ def table() -> str:
         rows = []
         for row in card.rows_on(params):
             name = f"**{row.name}** ★" if row.star else row.name
-            rows.append(name if row.figure is None else f"{name} {row.figure:g}")
+            rows.append(name if row.figure is None else f"{name} {card.figure(row)}")
         cells = [f"`{card.preset}`", card.source, "; ".join(rows), card.metric, card.compute]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *(f"- {name}: {words}." for name, words in COMPUTE.items())]

@@ -120,6 +120,7 @@ CARDS = (
     Card(
         preset="bert_size",
         paper=PAPER,
+        digits=2,  # averages of the paper's three figures
         table="Table 6 (model size)",
         compares="depth L, width H and heads A of the encoder, 3/768/12 up to BERT-Large's 24/1024/16",
         metric="the average of MNLI-m, MRPC and SST-2 dev accuracy",

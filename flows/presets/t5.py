@@ -82,6 +82,7 @@ CARDS = (
     Card(
         preset="t5_architectures",
         paper=PAPER,
+        digits=2,
         table="Table 2 (architectures × objectives)",
         compares="encoder-decoder (2P parameters, cost M), shared (P, M), half depth (P, M/2), decoder-only "
         "LM (P, M) and prefix LM (P, M), each with denoising and with the prefix LM objective",
@@ -99,6 +100,7 @@ CARDS = (
     Card(
         preset="t5_approaches",
         paper=PAPER,
+        digits=2,
         table="Table 4 (high-level objectives)",
         compares="prefix language modelling, BERT-style denoising and deshuffling, on the encoder-decoder",
         metric="GLUE average",
@@ -115,6 +117,7 @@ CARDS = (
     Card(
         preset="t5_objectives",
         paper=PAPER,
+        digits=2,
         table="Table 5 (variants of the BERT-style objective)",
         compares="BERT-style (80/10/10, predict the whole row), MASS-style (100 % [MASK]), replace corrupted "
         "spans (sentinels, predict the spans) and drop corrupted tokens, 15 % i.i.d.",
@@ -141,6 +144,7 @@ CARDS = (
     Card(
         preset="span_density",
         paper=PAPER,
+        digits=2,
         table="Table 6 (corruption rate)",
         compares="the share of tokens corrupted, i.i.d., replaced by sentinels",
         metric="GLUE average",
@@ -153,6 +157,7 @@ CARDS = (
     Card(
         preset="span_length",
         paper=PAPER,
+        digits=2,
         table="Table 7 (corrupted span length)",
         compares="i.i.d. corruption against spans of mean length 2, 3, 5 and 10, 15 % of the tokens",
         metric="GLUE average",

@@ -50,6 +50,16 @@ class ModelConfig:
         default=1,
         metadata={"ge": 1, "description": "share_layers: groups of consecutive layers, each shared"},
     )
+    # the LM head: `tied`, the hidden states times the token embeddings (projected back to E first where
+    # factorized); `transform`, BERT's (ALBERT's, RoBERTa's, ELECTRA's generator's): a dense layer to
+    # the embeddings' width, GELU and LayerNorm, then the token embeddings and an output bias
+    lm_head: Literal["tied", "transform"] = field(
+        default="tied",
+        metadata={
+            "description": "tied: hidden × embeddings; transform: BERT's dense, GELU, LayerNorm first, "
+            "and an output bias"
+        },
+    )
     bias: bool = True
     norm_eps: float = field(default=1e-5, metadata={"gt": 0.0})
     init_std: float = field(default=0.02, metadata={"gt": 0.0})

@@ -104,7 +104,9 @@ def _estimate(model: ModelConfig, train: TrainConfig, objective: Objective, args
         forward += 2 * b * (t + u) * e * d
     head = objective.head_flops(model, b, train.seq_len, args)
     if head is None:  # the tied LM head on the predicted tokens
-        head = 2 * round(predicted * b) * lm_head_weights(d, e, model.vocab_size)
+        head = (
+            2 * round(predicted * b) * lm_head_weights(d, e, model.vocab_size, model.lm_head == "transform")
+        )
     forward += head
     if train.pair_loss() != "none":  # BERT's pooler and the two-way classifier on each [CLS]
         forward += 2 * b * d * d + 2 * b * d * 2

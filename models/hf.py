@@ -54,11 +54,12 @@ def _standard(model: Transformer) -> bool:
 
 def hf_layout(model: Transformer) -> HFLayout:
     cfg = model.cfg
-    if _standard(model) and cfg.arch == "decoder" and cfg.norm_position == "pre":
+    tied = cfg.lm_head == "tied"  # GPT-2 has no transform; XLM-R XL's masked LM is ours only tied
+    if _standard(model) and cfg.arch == "decoder" and cfg.norm_position == "pre" and tied:
         return _gpt2(model)
     if _standard(model) and cfg.arch == "encoder" and cfg.norm_position == "post":
-        return _bert(model)
-    if _standard(model) and cfg.arch == "encoder" and cfg.norm_position == "pre":
+        return _bert(model) if tied else _bert_for_masked_lm(model)
+    if _standard(model) and cfg.arch == "encoder" and cfg.norm_position == "pre" and tied:
         return _xlm_roberta_xl(model)
     return _remote(model)
 
@@ -205,6 +206,32 @@ def _bert(model: Transformer) -> HFLayout:
         "the masked-LM class is the remote BertForTiedMaskedLM: the hidden states times the word embeddings)"
     )
     return HFLayout("BertModel", config, tensors, why)
+
+
+def _bert_for_masked_lm(model: Transformer) -> HFLayout:
+    """BERT with its own prediction head (`lm_head: transform`): BertForMaskedLM exactly."""
+    bert = _bert(model)
+    tensors = {f"bert.{key}": value for key, value in bert.tensors.items()}
+    tensors |= lm_transform_tensors(model, "cls.predictions")
+    config = {key: value for key, value in bert.config.items() if key not in ("auto_map", "custom_pipelines")}
+    why = (
+        "a post-norm encoder with learned positions, LayerNorm on the embeddings, GELU and biases, and "
+        "BERT's prediction head (dense, GELU, LayerNorm, output bias), is BertForMaskedLM exactly"
+    )
+    return HFLayout("BertForMaskedLM", config, tensors, why)
+
+
+def lm_transform_tensors(model: Transformer, prefix: str) -> dict[str, Tensor]:
+    """BERT's prediction head in its names under `prefix` (cls.predictions): the transform and the bias;
+    its decoder is the word embeddings (tied)."""
+    dense, _, norm = model.lm_transform
+    return {
+        f"{prefix}.transform.dense.weight": dense.weight,
+        f"{prefix}.transform.dense.bias": dense.bias,
+        f"{prefix}.transform.LayerNorm.weight": norm.weight,
+        f"{prefix}.transform.LayerNorm.bias": norm.bias,
+        f"{prefix}.bias": model.lm_bias,
+    }
 
 
 def _xlm_roberta_xl(model: Transformer) -> HFLayout:

@@ -17,8 +17,10 @@ def stack_forward_flops(batch: int, tokens: int, layers: int, d: int, d_ff: int,
     )
 
 
-def lm_head_weights(d_model: int, embedding_size: int | None, vocab_size: int) -> int:
+def lm_head_weights(
+    d_model: int, embedding_size: int | None, vocab_size: int, transform: bool = False
+) -> int:
     """The tied LM head's matmul weights: d·V, or with factorized embeddings the projection back to E
-    and E·V."""
-    e = embedding_size
-    return d_model * e + e * vocab_size if e else d_model * vocab_size
+    and E·V; with BERT's transform, its dense layer to the embeddings' width w and w·V."""
+    width = embedding_size or d_model
+    return d_model * width + width * vocab_size if embedding_size or transform else d_model * vocab_size

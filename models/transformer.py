@@ -310,6 +310,13 @@ class Transformer(nn.Module):
             self.register_buffer("sinusoid", sinusoidal_table(cfg.max_len, width), persistent=False)
         # ALBERT's projection of the E-wide embeddings to the model's width, tied back in the LM head
         self.embed_projection = nn.Linear(width, cfg.d_model, bias=cfg.bias) if cfg.embedding_size else None
+        # BERT's prediction head: a dense layer to the embeddings' width, GELU, LayerNorm; an output bias
+        self.lm_transform, self.lm_bias = None, None
+        if cfg.lm_head == "transform":
+            self.lm_transform = nn.Sequential(
+                nn.Linear(cfg.d_model, width), nn.GELU(), nn.LayerNorm(width, eps=cfg.norm_eps)
+            )
+            self.lm_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         if cfg.positions == "rope":
             cos, sin = rope_tables(cfg.max_len, cfg.head_dim)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -387,7 +394,10 @@ class Transformer(nn.Module):
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
         """Tied output embedding: logits over the vocabulary for the given hidden states (factorized
-        embeddings: projected back to E through the input projection's matrix first)."""
+        embeddings: projected back to E through the input projection's matrix first; BERT's head:
+        through its transform, and the output bias added)."""
+        if self.lm_transform is not None:
+            return F.linear(self.lm_transform(hidden), self.embed.weight, self.lm_bias)
         if self.embed_projection is not None:
             hidden = hidden @ self.embed_projection.weight
         return F.linear(hidden, self.embed.weight)

@@ -29,12 +29,15 @@ T5 = {key: PRESETS["t5-base"][key] for key in ("norm", "bias", "positions")}
 VARIANTS = [
     ("encoder", {}, "XLMRobertaXLModel"),
     ("encoder", {"norm_position": "post"}, "BertModel"),
+    ("encoder", {"norm_position": "post", "lm_head": "transform"}, "BertForMaskedLM"),  # BERT's own head
+    ("encoder", {"lm_head": "transform"}, "LmpipeForLM"),
     ("encoder", {"positions": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}, "LmpipeForLM"),
     ("encoder", {"positions": "sinusoidal"}, "LmpipeForLM"),
     ("encoder", {"positions": "relative"}, "LmpipeForLM"),
     ("encoder", {"norm_position": "post", "segment_embeddings": True}, "LmpipeForLM"),  # BERT's, with A/B
     # ALBERT's: factorized embeddings, every layer one block; E-wide sinusoids; attention shared by two
     ("encoder", {"norm_position": "post", "embedding_size": 32, "share_layers": "all"}, "LmpipeForLM"),
+    ("encoder", {"embedding_size": 32, "share_layers": "all", "lm_head": "transform"}, "LmpipeForLM"),
     ("encoder", {"embedding_size": 16, "positions": "sinusoidal"}, "LmpipeForLM"),
     ("decoder", {}, "GPT2LMHeadModel"),
     ("decoder", {"norm_position": "post"}, "LmpipeForLM"),
@@ -101,7 +104,10 @@ def test_transformers_computes_what_ours_does_on_real_text(
             ).logits
             want = model.lm_logits(model(ids, mask, targets))
             mask = torch.ones(targets.shape, dtype=torch.bool)
-    assert type(theirs).__name__ == hf_class or (remote and arch == "encoder")  # AutoModel: LmpipeModel
+    # AutoModel: the backbone of an encoder's masked-LM class (LmpipeModel, BertModel)
+    assert type(theirs).__name__ == hf_class or (
+        arch == "encoder" and (remote or hf_class == "BertForMaskedLM")
+    )
     assert not theirs.training
     torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
     assert want[mask].abs().max() > 0.1  # real numbers compared, not zeros
@@ -113,9 +119,10 @@ def test_transformers_computes_what_ours_does_on_real_text(
 def test_every_encoder_export_fills_a_mask_with_the_head_it_was_trained_with(
     tmp_path: Path, real_text: tuple[Path, list[str]], variant: dict, hf_class: str
 ) -> None:
-    """AutoModelForMaskedLM's logits are ours (the hidden states times the word embeddings, as
-    pretraining computed them), and `pipeline("fill-mask")` ranks and scores the tokens as our logits
-    do; without trust_remote_code the pipeline refuses rather than build an untrained head."""
+    """AutoModelForMaskedLM's logits are ours (the head pretraining trained: the hidden states times
+    the word embeddings, or BERT's transform and bias first), and `pipeline("fill-mask")` ranks and
+    scores the tokens as our logits do; where the head is ours alone, without trust_remote_code the
+    pipeline refuses rather than build an untrained head."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
     spm_model, lines = real_text
@@ -140,6 +147,10 @@ def test_every_encoder_export_fills_a_mask_with_the_head_it_was_trained_with(
     best = probabilities.topk(5)
     assert [a["token"] for a in answers] == best.indices.tolist()
     assert [a["score"] for a in answers] == pytest.approx(best.values.tolist(), abs=1e-6)
+    if hf_class == "BertForMaskedLM":  # transformers' own head: its own pipeline, the same answers
+        native = pipeline("fill-mask", model=str(tmp_path), device="cpu")(masked[0], top_k=5)
+        assert [a["token"] for a in native] == best.indices.tolist()
+        return
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         pipeline("fill-mask", model=str(tmp_path), device="cpu")
 

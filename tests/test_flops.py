@@ -53,7 +53,13 @@ def test_count_equals_the_closed_form_estimate(arch: str, objective: str, varian
 @pytest.mark.parametrize(("arch", "objective"), ARCHS)
 @pytest.mark.parametrize(
     "albert",
-    [{"embedding_size": 16}, {"share_layers": "all"}, {"embedding_size": 24, "share_layers": "ffn"}],
+    [
+        {"embedding_size": 16},
+        {"share_layers": "all"},
+        {"embedding_size": 24, "share_layers": "ffn"},
+        {"lm_head": "transform"},  # BERT's prediction head: its dense layer counted
+        {"embedding_size": 16, "lm_head": "transform"},
+    ],
     ids=lambda v: "-".join(map(str, v.values())),
 )
 def test_albert_counts_equal_the_estimate_and_sharing_costs_what_unshared_layers_do(

@@ -11,13 +11,13 @@ from flows.presets import MODELS_KEY, Card, Row, Setup, model_fields, on_segment
 
 def systems(params: Mapping[str, Any]) -> list[Row]:
     """Each system from its model of params.yaml (its size on the profile), with its paper's recipe:
-    BERT's masked LM with next-sentence prediction on segment pairs, with segment embeddings and
-    post-LN blocks; GPT-1's left-to-right LM in post-LN blocks, fine-tuned with its auxiliary LM loss
-    at λ 0.5; T5's span corruption in pre-LN blocks with RMSNorm, no biases and its relative position
-    bias."""
+    BERT's masked LM with next-sentence prediction on segment pairs, with segment embeddings, post-LN
+    blocks and its prediction head (BertForPreTraining's computation: tests/test_reference.py);
+    GPT-1's left-to-right LM in post-LN blocks, fine-tuned with its auxiliary LM loss at λ 0.5; T5's
+    span corruption in pre-LN blocks with RMSNorm, no biases and its relative position bias."""
     for model in ("encoder_mlm", "decoder_clm", "encdec_span"):
         model_fields(params, model, "systems")  # each named, before any row is made
-    bert = on_segment_pairs(params, "encoder_mlm", norm_position="post")
+    bert = on_segment_pairs(params, "encoder_mlm", norm_position="post", lm_head="transform")
     gpt = {"from": "decoder_clm", "norm_position": "post"}
     t5 = {"from": "encdec_span", "norm": "rmsnorm", "bias": False, "positions": "relative"}
     return [

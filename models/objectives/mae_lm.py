@@ -92,7 +92,7 @@ class MaeLm(Objective):
         flops = stack_forward_flops(b, seq_len, args["decoder_layers"], d, model.d_ff, model.mlp)
         flops += 2 * b * seq_len * e * d if e else 0
         predicted = round(self.widths(seq_len, args)[2] * b)
-        return flops + 2 * predicted * lm_head_weights(d, e, model.vocab_size)
+        return flops + 2 * predicted * lm_head_weights(d, e, model.vocab_size, model.lm_head == "transform")
 
 
 OBJECTIVE = MaeLm()

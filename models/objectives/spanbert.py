@@ -167,7 +167,7 @@ def boundary_head_flops(model: ModelConfig, predicted: int) -> int:
     """Forward FLOPs of the masked LM's head and the boundary objective's on `predicted` tokens: the
     tied LM head twice and the two-layer network."""
     d = model.d_model
-    lm_head = lm_head_weights(d, model.embedding_size, model.vocab_size)
+    lm_head = lm_head_weights(d, model.embedding_size, model.vocab_size, model.lm_head == "transform")
     return 2 * predicted * (2 * lm_head + 3 * d * d + d * d)
 
 

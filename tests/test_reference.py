@@ -1,0 +1,130 @@
+"""Each system against the transformers class that implements its pretraining model: the same weights
+in both, the same batch, and the logits and every loss term equal to float32 tolerance. Ours is
+configured to the reference's form where ours differs by default (docs/models.md: what remains).
+Needs the `hf` extra (transformers), which `make test` installs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmpipe.params.pretrain import PretrainParams, objectives_params
+from lmpipe.pretraining import train_config
+from models.config import ModelConfig
+from models.hf import _embeddings, _encoder_layers, lm_transform_tensors
+from models.lightning import PretrainModule
+from models.objectives import OBJECTIVES
+from models.objectives.base import batch_generator
+from models.special import SPECIAL
+from models.transformer import segment_ids
+
+transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+
+VOCAB, LENGTH, ROWS = 300, 32, 6
+TOLERANCE = dict(rtol=1e-4, atol=1e-5)
+
+
+def segment_pairs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of [CLS] A [SEP] B [SEP] with A and B of different lengths, and next-sentence labels."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(SPECIAL.n_special, VOCAB, (ROWS, LENGTH), generator=generator)
+    ids[:, 0] = SPECIAL.cls
+    for row, split in enumerate(torch.randint(6, LENGTH - 6, (ROWS,), generator=generator).tolist()):
+        ids[row, split] = SPECIAL.sep
+    ids[:, -1] = SPECIAL.sep
+    return ids, torch.randint(0, 2, (ROWS,), generator=generator)
+
+
+def bert_for_pretraining(module: PretrainModule) -> torch.nn.Module:
+    """transformers' BertForPreTraining holding our encoder's weights, its pooler and NSP classifier
+    our pair head's."""
+    model, cfg = module.model, module.model_cfg
+    config = transformers.BertConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.d_ff,
+        hidden_act="gelu",
+        max_position_embeddings=cfg.max_len,
+        type_vocab_size=2,
+        layer_norm_eps=cfg.norm_eps,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=SPECIAL.pad,
+    )
+    reference = transformers.BertForPreTraining(config).eval()
+    state = model.state_dict()
+    tensors = _embeddings(model, state["positions.weight"]) | _encoder_layers(model, pre_norm=False)
+    tensors["embeddings.token_type_embeddings.weight"] = state["segments.weight"]
+    tensors["embeddings.LayerNorm.weight"] = state["encoder.edge_norm.weight"]
+    tensors["embeddings.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
+    tensors = {f"bert.{key}": value for key, value in tensors.items()}
+    tensors |= lm_transform_tensors(model, "cls.predictions")
+    pooler, _, classifier = module.pair_head
+    tensors |= {"bert.pooler.dense.weight": pooler.weight, "bert.pooler.dense.bias": pooler.bias}
+    tensors |= {
+        "cls.seq_relationship.weight": classifier.weight,
+        "cls.seq_relationship.bias": classifier.bias,
+    }
+    missing, unexpected = reference.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) <= {
+        "cls.predictions.decoder.weight",
+        "cls.predictions.decoder.bias",
+    }
+    reference.tie_weights()
+    return reference
+
+
+def test_bert_computes_what_bert_for_pretraining_does() -> None:
+    """BERT's masked LM with next-sentence prediction on segment pairs: post-LN blocks, segment
+    embeddings, the prediction head's transform and bias, the pooler and the NSP classifier."""
+    cfg = ModelConfig(
+        arch="encoder",
+        vocab_size=VOCAB,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        d_ff=128,
+        max_len=LENGTH,
+        norm_position="post",
+        segment_embeddings=True,
+        lm_head="transform",
+        norm_eps=1e-12,
+    )
+    objectives = objectives_params({"mlm": {"pair_loss": "nsp"}})
+    params = PretrainParams(seq_len=LENGTH, batch_size=ROWS, input_format="segment_pair")
+    train = train_config("encoder", "mlm", params, objectives, 0)
+    torch.manual_seed(0)
+    module = PretrainModule(cfg.to_dict(), train.__dict__).eval()
+    with torch.no_grad():  # the random initialisation leaves the biases and norms at 0 and 1
+        for parameter in module.parameters():
+            if parameter.ndim == 1:
+                parameter.normal_(0.0, 0.1)
+    reference = bert_for_pretraining(module)
+
+    ids, next_sentence = segment_pairs()
+    pair = OBJECTIVES["mlm"].pair(ids, train.objective_args, batch_generator(0, 0), VOCAB)
+    batch = module.model.arch.batch(pair) | {"pair_labels": next_sentence}
+    labels = torch.full_like(ids, -100).reshape(-1)
+    labels[batch["positions"]] = batch["labels"]
+    with torch.no_grad():
+        ours = module.terms(batch)
+        hidden = module.model.encode(batch["input_ids"])
+        theirs = reference(
+            input_ids=batch["input_ids"],
+            token_type_ids=segment_ids(batch["input_ids"]),
+            labels=labels.reshape(ids.shape),
+            next_sentence_label=next_sentence,
+        )
+        logits = module.model.lm_logits(hidden)
+        pair_logits = module.pair_head(hidden[:, 0])
+
+    torch.testing.assert_close(logits, theirs.prediction_logits, **TOLERANCE)
+    torch.testing.assert_close(pair_logits, theirs.seq_relationship_logits, **TOLERANCE)
+    masked_lm = F.cross_entropy(theirs.prediction_logits.reshape(-1, VOCAB), labels)
+    next_sentence_loss = F.cross_entropy(theirs.seq_relationship_logits, next_sentence)
+    torch.testing.assert_close(ours.loss, masked_lm, **TOLERANCE)
+    torch.testing.assert_close(ours.extra["nsp"][0], next_sentence_loss, **TOLERANCE)
+    torch.testing.assert_close(ours.total(), theirs.loss, **TOLERANCE)

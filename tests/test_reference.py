@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import ModelConfig
-from models.hf import _embeddings, _encoder_layers, lm_transform_tensors
+from models.hf import _embeddings, _encoder_layers, _gpt2, lm_transform_tensors
 from models.lightning import PretrainModule
 from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
@@ -34,6 +34,18 @@ def segment_pairs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         ids[row, split] = SPECIAL.sep
     ids[:, -1] = SPECIAL.sep
     return ids, torch.randint(0, 2, (ROWS,), generator=generator)
+
+
+def pretrain_module(cfg: ModelConfig, train) -> PretrainModule:
+    """Ours, seeded, in evaluation mode; its biases and norms drawn too (the initialisation leaves them
+    at 0 and 1, where a misplaced one would not show)."""
+    torch.manual_seed(0)
+    module = PretrainModule(cfg.to_dict(), train.__dict__).eval()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.ndim == 1:
+                parameter.normal_(0.0, 0.1)
+    return module
 
 
 def bert_for_pretraining(module: PretrainModule) -> torch.nn.Module:
@@ -96,12 +108,7 @@ def test_bert_computes_what_bert_for_pretraining_does() -> None:
     objectives = objectives_params({"mlm": {"pair_loss": "nsp"}})
     params = PretrainParams(seq_len=LENGTH, batch_size=ROWS, input_format="segment_pair")
     train = train_config("encoder", "mlm", params, objectives, 0)
-    torch.manual_seed(0)
-    module = PretrainModule(cfg.to_dict(), train.__dict__).eval()
-    with torch.no_grad():  # the random initialisation leaves the biases and norms at 0 and 1
-        for parameter in module.parameters():
-            if parameter.ndim == 1:
-                parameter.normal_(0.0, 0.1)
+    module = pretrain_module(cfg, train)
     reference = bert_for_pretraining(module)
 
     ids, next_sentence = segment_pairs()
@@ -128,3 +135,29 @@ def test_bert_computes_what_bert_for_pretraining_does() -> None:
     torch.testing.assert_close(ours.loss, masked_lm, **TOLERANCE)
     torch.testing.assert_close(ours.extra["nsp"][0], next_sentence_loss, **TOLERANCE)
     torch.testing.assert_close(ours.total(), theirs.loss, **TOLERANCE)
+
+
+def test_gpt_computes_what_gpt2_lm_head_model_does() -> None:
+    """The decoder's left-to-right LM: pre-LN blocks, learned positions, the tied head; its weights
+    through the export's GPT-2 layout, the loss transformers computes from the labels it shifts."""
+    cfg = ModelConfig(
+        arch="decoder", vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_len=LENGTH
+    )
+    train = train_config(
+        "decoder", "clm", PretrainParams(seq_len=LENGTH - 1, batch_size=ROWS), objectives_params(), 0
+    )
+    module = pretrain_module(cfg, train)
+    layout = _gpt2(module.model)
+    reference = transformers.GPT2LMHeadModel(transformers.GPT2Config(**layout.config)).eval()
+    missing, unexpected = reference.load_state_dict(layout.tensors, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    reference.tie_weights()
+
+    rows = torch.randint(SPECIAL.n_special, VOCAB, (ROWS, LENGTH), generator=torch.Generator().manual_seed(1))
+    batch = module.model.arch.batch(OBJECTIVES["clm"].pair(rows, {}, batch_generator(0, 0), VOCAB))
+    with torch.no_grad():
+        ours = module.terms(batch)
+        logits = module.model.lm_logits(module.model.decode(batch["input_ids"]))
+        theirs = reference(input_ids=rows, labels=rows)
+    torch.testing.assert_close(logits, theirs.logits[:, :-1], **TOLERANCE)
+    torch.testing.assert_close(ours.loss, theirs.loss, **TOLERANCE)

@@ -17,7 +17,7 @@ from models.lightning import PretrainModule
 from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
 from models.special import SPECIAL
-from models.transformer import segment_ids
+from models.transformer import Transformer, segment_ids
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
 
@@ -37,14 +37,14 @@ def segment_pairs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pretrain_module(cfg: ModelConfig, train) -> PretrainModule:
-    """Ours, seeded, in evaluation mode; its biases and norms drawn too (the initialisation leaves them
-    at 0 and 1, where a misplaced one would not show)."""
+    """Ours, seeded, in evaluation mode, every weight drawn wider than the initialisation: at its std
+    0.02 the attention is near uniform whatever its logits, and biases and norms start at 0 and 1,
+    where a misplaced one would not show."""
     torch.manual_seed(0)
     module = PretrainModule(cfg.to_dict(), train.__dict__).eval()
     with torch.no_grad():
         for parameter in module.parameters():
-            if parameter.ndim == 1:
-                parameter.normal_(0.0, 0.1)
+            parameter.normal_(1.0 if parameter.ndim == 1 else 0.0, 0.2)
     return module
 
 
@@ -160,4 +160,98 @@ def test_gpt_computes_what_gpt2_lm_head_model_does() -> None:
         logits = module.model.lm_logits(module.model.decode(batch["input_ids"]))
         theirs = reference(input_ids=rows, labels=rows)
     torch.testing.assert_close(logits, theirs.logits[:, :-1], **TOLERANCE)
+    torch.testing.assert_close(ours.loss, theirs.loss, **TOLERANCE)
+
+
+def t5_tensors(model: Transformer, scale: float) -> dict[str, torch.Tensor]:
+    """Our encoder-decoder in T5's names. T5 does not scale its attention logits (its initialisation
+    does): our queries times `scale`, 1/√(head size), are its queries."""
+    state, cfg = model.state_dict(), model.cfg
+    tensors = {"shared.weight": state["embed.weight"], "lm_head.weight": state["embed.weight"]}
+    for stack, layers in (("encoder", cfg.n_layers), ("decoder", cfg.decoder_layers)):
+        tensors[f"{stack}.final_layer_norm.weight"] = state[f"{stack}.edge_norm.weight"]
+        bias = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+        tensors[bias] = state[f"{stack}.position_bias.table.weight"]
+        for i in range(layers):
+            ours, theirs = f"{stack}.blocks.{i}", f"{stack}.block.{i}.layer"
+            q, k, v = state[f"{ours}.self_attn.qkv.weight"].chunk(3)
+            attention = {"q": q * scale, "k": k, "v": v, "o": state[f"{ours}.self_attn.out.weight"]}
+            tensors |= {f"{theirs}.0.SelfAttention.{name}.weight": w for name, w in attention.items()}
+            tensors[f"{theirs}.0.layer_norm.weight"] = state[f"{ours}.norm1.weight"]
+            mlp = 1
+            if stack == "decoder":
+                k, v = state[f"{ours}.cross_attn.kv.weight"].chunk(2)
+                cross = {"q": state[f"{ours}.cross_attn.q.weight"] * scale, "k": k, "v": v}
+                cross["o"] = state[f"{ours}.cross_attn.out.weight"]
+                tensors |= {f"{theirs}.1.EncDecAttention.{name}.weight": w for name, w in cross.items()}
+                tensors[f"{theirs}.1.layer_norm.weight"] = state[f"{ours}.norm_cross.weight"]
+                mlp = 2
+            tensors[f"{theirs}.{mlp}.DenseReluDense.wi.weight"] = state[f"{ours}.mlp.up.weight"]
+            tensors[f"{theirs}.{mlp}.DenseReluDense.wo.weight"] = state[f"{ours}.mlp.down.weight"]
+            tensors[f"{theirs}.{mlp}.layer_norm.weight"] = state[f"{ours}.norm2.weight"]
+    return tensors
+
+
+@pytest.mark.parametrize("scale", [None, 1.0], ids=["mapped", "unscaled"])
+def test_t5_computes_what_t5_for_conditional_generation_does(scale: float | None) -> None:
+    """T5's span corruption on the encoder-decoder: pre-LN blocks with RMSNorm and no biases, its
+    relative position bias (one table per stack, 32 buckets to distance 128), cross-attention, the
+    decoder reading <s> and the targets shifted right. Unscaled queries (T5's form taken for ours)
+    must not agree: the comparison sees the attention's logits."""
+    cfg = ModelConfig(
+        arch="encoder_decoder",
+        vocab_size=VOCAB,
+        d_model=64,
+        n_layers=2,
+        n_decoder_layers=3,
+        n_heads=4,
+        d_ff=128,
+        max_len=64,
+        norm="rmsnorm",
+        bias=False,
+        positions="relative",
+        norm_eps=1e-6,
+    )
+    params = PretrainParams(seq_len=LENGTH, batch_size=ROWS)
+    train = train_config("encoder_decoder", "span", params, objectives_params(), 0)
+    module = pretrain_module(cfg, train)
+    config = transformers.T5Config(
+        vocab_size=VOCAB,
+        d_model=cfg.d_model,
+        d_kv=cfg.head_dim,
+        d_ff=cfg.d_ff,
+        num_layers=cfg.n_layers,
+        num_decoder_layers=cfg.decoder_layers,
+        num_heads=cfg.n_heads,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        layer_norm_epsilon=cfg.norm_eps,
+        feed_forward_proj="gelu",
+        tie_word_embeddings=False,  # tied, T5 scales the decoder's states by d_model^-0.5 first; ours not
+        pad_token_id=SPECIAL.pad,
+        eos_token_id=SPECIAL.eos,
+        decoder_start_token_id=SPECIAL.bos,
+    )
+    reference = transformers.T5ForConditionalGeneration(config).eval()
+    tensors = t5_tensors(module.model, cfg.head_dim**-0.5 if scale is None else scale)
+    missing, unexpected = reference.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) == {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
+    reference.tie_weights()  # the stacks' embeddings are `shared`
+
+    generator = torch.Generator().manual_seed(2)
+    rows = torch.randint(SPECIAL.n_special, VOCAB, (ROWS, train.row_length()), generator=generator)
+    batch = module.model.arch.batch(
+        OBJECTIVES["span"].pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
+    )
+    with torch.no_grad():
+        ours = module.terms(batch)
+        logits = module.model.lm_logits(module.model(batch["input_ids"], decoder_ids=batch["decoder_ids"]))
+        theirs = reference(
+            input_ids=batch["input_ids"], decoder_input_ids=batch["decoder_ids"], labels=batch["labels"]
+        )
+    if scale is not None:
+        assert not torch.allclose(logits, theirs.logits, **TOLERANCE)
+        return
+    torch.testing.assert_close(logits, theirs.logits, **TOLERANCE)
     torch.testing.assert_close(ours.loss, theirs.loss, **TOLERANCE)

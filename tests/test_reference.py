@@ -255,3 +255,103 @@ def test_t5_computes_what_t5_for_conditional_generation_does(scale: float | None
         return
     torch.testing.assert_close(logits, theirs.logits, **TOLERANCE)
     torch.testing.assert_close(ours.loss, theirs.loss, **TOLERANCE)
+
+
+def bart_tensors(model: Transformer) -> dict[str, torch.Tensor]:
+    """Our post-LN encoder-decoder in BART's names: BART numbers positions from 2 and has a table per
+    stack, ours one table for both; its embedding LayerNorms are our stacks' edge norms."""
+    state, cfg = model.state_dict(), model.cfg
+    positions = torch.cat([torch.zeros(2, cfg.d_model), state["positions.weight"]])
+    tensors = {
+        "model.shared.weight": state["embed.weight"],
+        "final_logits_bias": torch.zeros(1, cfg.vocab_size),
+    }
+    for stack, layers in (("encoder", cfg.n_layers), ("decoder", cfg.decoder_layers)):
+        tensors[f"model.{stack}.embed_positions.weight"] = positions
+        for kind in ("weight", "bias"):
+            tensors[f"model.{stack}.layernorm_embedding.{kind}"] = state[f"{stack}.edge_norm.{kind}"]
+        for i in range(layers):
+            ours, theirs = f"{stack}.blocks.{i}", f"model.{stack}.layers.{i}"
+            for kind in ("weight", "bias"):
+                q, k, v = state[f"{ours}.self_attn.qkv.{kind}"].chunk(3)
+                attention = {
+                    "q_proj": q,
+                    "k_proj": k,
+                    "v_proj": v,
+                    "out_proj": state[f"{ours}.self_attn.out.{kind}"],
+                }
+                tensors |= {f"{theirs}.self_attn.{name}.{kind}": w for name, w in attention.items()}
+                tensors[f"{theirs}.self_attn_layer_norm.{kind}"] = state[f"{ours}.norm1.{kind}"]
+                if stack == "decoder":
+                    k, v = state[f"{ours}.cross_attn.kv.{kind}"].chunk(2)
+                    cross = {"q_proj": state[f"{ours}.cross_attn.q.{kind}"], "k_proj": k, "v_proj": v}
+                    cross["out_proj"] = state[f"{ours}.cross_attn.out.{kind}"]
+                    tensors |= {f"{theirs}.encoder_attn.{name}.{kind}": w for name, w in cross.items()}
+                    tensors[f"{theirs}.encoder_attn_layer_norm.{kind}"] = state[f"{ours}.norm_cross.{kind}"]
+                tensors[f"{theirs}.fc1.{kind}"] = state[f"{ours}.mlp.up.{kind}"]
+                tensors[f"{theirs}.fc2.{kind}"] = state[f"{ours}.mlp.down.{kind}"]
+                tensors[f"{theirs}.final_layer_norm.{kind}"] = state[f"{ours}.norm2.{kind}"]
+    return tensors
+
+
+def test_bart_computes_what_bart_for_conditional_generation_does() -> None:
+    """BART's text infilling on a post-LN encoder-decoder with learned positions, a LayerNorm on each
+    stack's embeddings and the tied head; inputs of different lengths, padded and masked."""
+    cfg = ModelConfig(
+        arch="encoder_decoder",
+        vocab_size=VOCAB,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        d_ff=128,
+        max_len=64,
+        norm_position="post",
+    )
+    train = train_config(
+        "encoder_decoder", "bart", PretrainParams(seq_len=LENGTH, batch_size=ROWS), objectives_params(), 0
+    )
+    module = pretrain_module(cfg, train)
+    config = transformers.BartConfig(
+        vocab_size=VOCAB,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.n_layers,
+        decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        max_position_embeddings=cfg.max_len,
+        activation_function="gelu",
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        scale_embedding=False,
+        pad_token_id=SPECIAL.pad,
+        bos_token_id=SPECIAL.bos,
+        eos_token_id=SPECIAL.eos,
+        decoder_start_token_id=SPECIAL.bos,
+    )
+    reference = transformers.BartForConditionalGeneration(config).eval()
+    missing, unexpected = reference.load_state_dict(bart_tensors(module.model), strict=False)
+    tied = {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"}
+    assert not unexpected and set(missing) <= tied
+    reference.tie_weights()
+
+    rows = torch.randint(
+        SPECIAL.n_special, VOCAB, (ROWS, train.row_length()), generator=torch.Generator().manual_seed(3)
+    )
+    batch = module.model.arch.batch(
+        OBJECTIVES["bart"].pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
+    )
+    assert not batch["pad_mask"].all()  # text infilling's inputs differ in length: padding compared too
+    with torch.no_grad():
+        ours = module.terms(batch)
+        hidden = module.model(batch["input_ids"], batch["pad_mask"], decoder_ids=batch["decoder_ids"])
+        theirs = reference(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["pad_mask"].long(),
+            decoder_input_ids=batch["decoder_ids"],
+            labels=batch["labels"],
+        )
+    torch.testing.assert_close(module.model.lm_logits(hidden), theirs.logits, **TOLERANCE)
+    torch.testing.assert_close(ours.loss, theirs.loss, **TOLERANCE)

@@ -21,10 +21,10 @@ from models.config import ModelConfig
 from models.special import SPECIAL
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
+def make_norm(cfg: ModelConfig, width: int | None = None) -> nn.Module:
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        return nn.RMSNorm(width or cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(width or cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 def sinusoidal_table(length: int, dim: int) -> Tensor:
@@ -219,8 +219,11 @@ class Stack(nn.Module):
         self.causal = causal
         self.blocks = nn.ModuleList(stack_blocks(cfg, n_layers, cross))
         # pre-norm stacks end in a norm; post-norm ones normalise the embeddings instead (BERT)
-        self.edge_norm = make_norm(cfg)
         self.pre_norm = cfg.norm_position == "pre"
+        # post-LN: a norm on the stack's input (BERT's on the embeddings), except where factorized
+        # embeddings are normalised before their projection (ALBERT's); pre-LN: on its output
+        self.norms_input = not self.pre_norm and cfg.embedding_size is None
+        self.edge_norm = make_norm(cfg) if self.pre_norm or self.norms_input else None
         self.position_bias = PositionBias(cfg) if cfg.positions in ("alibi", "relative") else None
 
     def forward(
@@ -238,7 +241,7 @@ class Stack(nn.Module):
         if self.position_bias is not None:
             mask = biased_mask(self.position_bias(x.shape[1], causal, x.device), mask, causal)
         context_mask = None if context_pad_mask is None else context_pad_mask[:, None, None, :]
-        if not self.pre_norm:
+        if self.norms_input:
             x = self.edge_norm(x)
         for block in self.blocks:
             x = block(x, mask, causal and mask is None, rope, context, context_mask)
@@ -308,8 +311,11 @@ class Transformer(nn.Module):
         self.segments = nn.Embedding(2, width) if cfg.segment_embeddings else None
         if cfg.positions == "sinusoidal":
             self.register_buffer("sinusoid", sinusoidal_table(cfg.max_len, width), persistent=False)
-        # ALBERT's projection of the E-wide embeddings to the model's width, tied back in the LM head
+        # ALBERT's projection of the E-wide embeddings to the model's width, tied back in the LM head;
+        # post-LN, the embeddings are normalised at E before it (ALBERT's LayerNorm)
         self.embed_projection = nn.Linear(width, cfg.d_model, bias=cfg.bias) if cfg.embedding_size else None
+        post_ln = cfg.norm_position == "post"
+        self.embed_norm = make_norm(cfg, width) if cfg.embedding_size and post_ln else None
         # BERT's prediction head: a dense layer to the embeddings' width, GELU, LayerNorm; an output bias
         self.lm_transform, self.lm_bias = None, None
         if cfg.lm_head == "transform":
@@ -340,6 +346,8 @@ class Transformer(nn.Module):
     def embed_ids(self, ids: Tensor) -> Tensor:
         """The input of a stack: the embeddings, projected to d_model where factorized, dropout."""
         x = self.embeddings(ids)
+        if self.embed_norm is not None:  # ALBERT's: normalised and dropped out at E, then projected
+            return self.embed_projection(self.drop(self.embed_norm(x)))
         if self.embed_projection is not None:
             x = self.embed_projection(x)
         return self.drop(x)

@@ -137,6 +137,115 @@ def test_bert_computes_what_bert_for_pretraining_does() -> None:
     torch.testing.assert_close(ours.total(), theirs.loss, **TOLERANCE)
 
 
+def albert_for_pretraining(module: PretrainModule) -> torch.nn.Module:
+    """transformers' AlbertForPreTraining holding ours: one shared layer, the factorized embeddings
+    normalised at E and projected, the pooler and the sentence-order classifier our pair head's."""
+    model, cfg = module.model, module.model_cfg
+    config = transformers.AlbertConfig(
+        vocab_size=cfg.vocab_size,
+        embedding_size=cfg.embedding_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_hidden_groups=1,
+        inner_group_num=1,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.d_ff,
+        hidden_act="gelu",  # ALBERT's own is gelu_new, the tanh approximation
+        max_position_embeddings=cfg.max_len,
+        type_vocab_size=2,
+        layer_norm_eps=cfg.norm_eps,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        classifier_dropout_prob=0.0,
+        pad_token_id=SPECIAL.pad,
+    )
+    reference = transformers.AlbertForPreTraining(config).eval()
+    state = model.state_dict()
+    embeddings = {
+        "word_embeddings": "embed",
+        "position_embeddings": "positions",
+        "token_type_embeddings": "segments",
+    }
+    tensors = {
+        f"albert.embeddings.{theirs}.weight": state[f"{ours}.weight"] for theirs, ours in embeddings.items()
+    }
+    layer = "albert.encoder.albert_layer_groups.0.albert_layers.0"
+    for kind in ("weight", "bias"):
+        tensors[f"albert.embeddings.LayerNorm.{kind}"] = state[f"embed_norm.{kind}"]
+        tensors[f"albert.encoder.embedding_hidden_mapping_in.{kind}"] = state[f"embed_projection.{kind}"]
+        parts = state[f"encoder.blocks.0.self_attn.qkv.{kind}"].chunk(3)
+        tensors |= {
+            f"{layer}.attention.{name}.{kind}": w
+            for name, w in zip(("query", "key", "value"), parts, strict=True)
+        }
+        ours = {
+            "attention.dense": "self_attn.out",
+            "attention.LayerNorm": "norm1",
+            "ffn": "mlp.up",
+            "ffn_output": "mlp.down",
+            "full_layer_layer_norm": "norm2",
+        }
+        tensors |= {
+            f"{layer}.{theirs}.{kind}": state[f"encoder.blocks.0.{name}.{kind}"]
+            for theirs, name in ours.items()
+        }
+        tensors[f"predictions.dense.{kind}"] = module.model.lm_transform[0].state_dict()[kind]
+        tensors[f"predictions.LayerNorm.{kind}"] = module.model.lm_transform[2].state_dict()[kind]
+        tensors[f"albert.pooler.{kind}"] = module.pair_head[0].state_dict()[kind]
+        tensors[f"sop_classifier.classifier.{kind}"] = module.pair_head[2].state_dict()[kind]
+    tensors["predictions.bias"] = state["lm_bias"]
+    missing, unexpected = reference.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) <= {"predictions.decoder.weight", "predictions.decoder.bias"}
+    reference.tie_weights()
+    return reference
+
+
+def test_albert_computes_what_albert_for_pretraining_does() -> None:
+    """ALBERT's masked LM with sentence-order prediction: factorized embeddings (E 32 of H 64), every
+    layer one shared block, post-LN, its prediction head at E, the pooler and the SOP classifier."""
+    cfg = ModelConfig(
+        arch="encoder",
+        vocab_size=VOCAB,
+        d_model=64,
+        n_layers=3,
+        n_heads=4,
+        d_ff=128,
+        max_len=LENGTH,
+        norm_position="post",
+        segment_embeddings=True,
+        embedding_size=32,
+        share_layers="all",
+        lm_head="transform",
+        norm_eps=1e-12,
+    )
+    objectives = objectives_params({"mlm": {"pair_loss": "sop"}})
+    params = PretrainParams(seq_len=LENGTH, batch_size=ROWS, input_format="segment_pair")
+    train = train_config("encoder", "mlm", params, objectives, 0)
+    module = pretrain_module(cfg, train)
+    reference = albert_for_pretraining(module)
+
+    ids, sentence_order = segment_pairs(4)
+    pair = OBJECTIVES["mlm"].pair(ids, train.objective_args, batch_generator(0, 0), VOCAB)
+    batch = module.model.arch.batch(pair) | {"pair_labels": sentence_order}
+    labels = torch.full_like(ids, -100).reshape(-1)
+    labels[batch["positions"]] = batch["labels"]
+    with torch.no_grad():
+        ours = module.terms(batch)
+        hidden = module.model.encode(batch["input_ids"])
+        theirs = reference(
+            input_ids=batch["input_ids"],
+            token_type_ids=segment_ids(batch["input_ids"]),
+            labels=labels.reshape(ids.shape),
+            sentence_order_label=sentence_order,
+        )
+    torch.testing.assert_close(module.model.lm_logits(hidden), theirs.prediction_logits, **TOLERANCE)
+    torch.testing.assert_close(module.pair_head(hidden[:, 0]), theirs.sop_logits, **TOLERANCE)
+    torch.testing.assert_close(
+        ours.extra["sop"][0], F.cross_entropy(theirs.sop_logits, sentence_order), **TOLERANCE
+    )
+    torch.testing.assert_close(ours.total(), theirs.loss, **TOLERANCE)
+
+
 def test_gpt_computes_what_gpt2_lm_head_model_does() -> None:
     """The decoder's left-to-right LM: pre-LN blocks, learned positions, the tied head; its weights
     through the export's GPT-2 layout, the loss transformers computes from the labels it shifts."""

@@ -19,9 +19,12 @@ SETUP = Setup(
 
 
 def pairs(params: Mapping[str, Any], name: str, pair_loss: str, **fields: Any) -> dict[str, Any]:
-    """An encoder made from `encoder_mlm`, on segment pairs with segment embeddings, trained with
-    `pair_loss` beside the masked LM (ALBERT's data are segment pairs whatever the loss)."""
-    model = on_segment_pairs(params, "encoder_mlm", **fields)
+    """An encoder made from `encoder_mlm` in BERT's and ALBERT's form (post-LN, their prediction head:
+    AlbertForPreTraining's computation, tests/test_reference.py), on segment pairs with segment
+    embeddings, trained with `pair_loss` beside the masked LM (ALBERT's data are segment pairs
+    whatever the loss)."""
+    form = {"norm_position": "post", "lm_head": "transform"}
+    model = on_segment_pairs(params, "encoder_mlm", **form, **fields)
     return {MODELS_KEY: {name: model}, "pack.sentences": True, "objectives.mlm.pair_loss": pair_loss}
 
 

@@ -1,0 +1,191 @@
+"""The objectives' noise against their references over thousands of rows, within sampling error
+(4 standard errors): BERT's 80/10/10 beside transformers' DataCollatorForLanguageModeling on the same
+rows; T5's span corruption against its stated arithmetic; BART's Poisson(3) infilling beside fairseq's
+span sampler and SpanBERT's geometric spans beside SpanBERT's masking loop, each transcribed here from
+the papers' code (neither installs from pip)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lmpipe.params.pretrain import objectives_params
+from models.objectives import OBJECTIVES
+from models.objectives.bart import poisson_span_lengths
+from models.objectives.base import batch_generator
+from models.objectives.mlm import mask_tokens
+from models.objectives.noise import noise_count
+from models.objectives.spanbert import geometric_lengths, mask_spans
+from models.special import SPECIAL
+
+VOCAB = 1000
+
+
+def rows(n: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(SPECIAL.n_special, VOCAB, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def agree(ours: float, theirs: float, error: float, k: float = 4.0) -> bool:
+    return abs(ours - theirs) <= k * error
+
+
+def shares(
+    original: torch.Tensor, inputs: torch.Tensor, selected: torch.Tensor
+) -> dict[str, tuple[float, int]]:
+    """The selected share of the tokens, and [MASK], random and kept among the selected: (share, n)."""
+    picked = inputs[selected]
+    kept = picked == original[selected]
+    masked = picked == SPECIAL.mask
+    n = int(selected.sum())
+    return {
+        "selected": (float(selected.float().mean()), selected.numel()),
+        "mask": (float(masked.float().mean()), n),
+        "random": (float((~masked & ~kept).float().mean()), n),
+        "kept": (float(kept.float().mean()), n),
+    }
+
+
+def test_bert_masking_is_the_stated_split_and_transformers_collators() -> None:
+    """15 % of the tokens selected, each independently; of those 80 % [MASK], 10 % a random token,
+    10 % kept (a random token equal to the original counts as kept), as BERT states and transformers'
+    collator draws it, on the same 10,000 rows of 128 tokens."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    vocab = {f"t{i}": i for i in range(VOCAB)} | {"[MASK]": SPECIAL.mask, "[UNK]": SPECIAL.unk}
+    vocab.pop(f"t{SPECIAL.mask}"), vocab.pop(f"t{SPECIAL.unk}")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="[UNK]")),
+        mask_token="[MASK]",
+        unk_token="[UNK]",
+    )
+    collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, seed=1)
+    tokens = rows(10_000, 128)
+    ours = mask_tokens(tokens, torch.Generator().manual_seed(0), VOCAB)
+    theirs, labels = collator.torch_mask_tokens(tokens.clone(), special_tokens_mask=torch.zeros_like(tokens))
+    # a random draw equal to the original is kept: ours draws from the 893 ordinary ids, transformers'
+    # from all 1,000 (its specials too)
+    stated = {"selected": 0.15, "mask": 0.8, "random": 0.1 * (1 - 1 / (VOCAB - SPECIAL.n_special))}
+    stated["kept"] = 1 - stated["mask"] - stated["random"]
+    for name, ((mine, n), (other, m)) in zip(
+        stated,
+        zip(
+            shares(tokens, ours.input_ids, ours.selected).values(),
+            shares(tokens, theirs, labels != -100).values(),
+            strict=True,
+        ),
+        strict=True,
+    ):
+        p = stated[name]
+        assert agree(mine, p, math.sqrt(p * (1 - p) / n)), (name, mine, p)
+        assert agree(mine, other, math.sqrt(p * (1 - p) * (1 / n + 1 / m))), (name, mine, other)
+
+
+def test_t5_span_corruption_is_its_stated_arithmetic() -> None:
+    """T5's span corruption at noise density 0.15 and mean span length 3: 141 raw tokens give 128
+    inputs and 29 targets, 21 noise tokens in 7 spans (mean length exactly 3), the spans numbered by
+    sentinels from <extra_id_0> in order in both, each noise span's tokens after its sentinel."""
+    objective = OBJECTIVES["span"]
+    args = objectives_params().model_dump()["span"]
+    raw = objective.row_length(128, args)
+    assert raw == 141
+    tokens = rows(10_000, raw, 1)
+    pair = objective.pair(tokens, args, batch_generator(0, 0), VOCAB)
+    assert pair.inputs.shape == (10_000, 128) and pair.targets.shape == (10_000, 29)
+    sentinels = [SPECIAL.sentinel(i) for i in range(7)]
+    is_sentinel = (pair.inputs >= SPECIAL.first_sentinel) & (pair.inputs < SPECIAL.n_special)
+    assert (is_sentinel.sum(1) == 7).all()
+    assert (pair.inputs[is_sentinel].reshape(-1, 7) == torch.tensor(sentinels)).all()
+    targets = pair.targets
+    target_sentinels = (targets >= SPECIAL.first_sentinel) & (targets < SPECIAL.n_special)
+    assert (targets[target_sentinels].reshape(-1, 7) == torch.tensor(sentinels)).all()
+    assert (targets[:, 0] == sentinels[0]).all() and (targets[:, -1] == SPECIAL.eos).all()
+    noise = ~target_sentinels & (targets != SPECIAL.eos)
+    assert noise_count(raw, 0.15) == 21 and (noise.sum(1) == 21).all()
+    # the spans' lengths vary (a random composition of 21 into 7), their mean is 3
+    lengths = torch.diff(target_sentinels.nonzero()[:, 1].reshape(-1, 7), dim=1) - 1
+    assert lengths.float().std() > 1.0 and lengths.min() >= 1
+
+
+def fairseq_poisson_lengths(num_to_mask: int, lam: float, rng: np.random.Generator) -> np.ndarray:
+    """fairseq's `DenoisingDataset.add_whole_word_mask` span lengths (span-poisson): Poisson(λ) draws,
+    drawn again until they cover the budget, trimmed to it."""
+    lengths = rng.poisson(lam, num_to_mask)
+    cum_length = np.cumsum(lengths)
+    while cum_length[-1] < num_to_mask:
+        lengths = np.concatenate([lengths, rng.poisson(lam, num_to_mask)])
+        cum_length = np.cumsum(lengths)
+    i = 0
+    while cum_length[i] < num_to_mask:
+        i += 1
+    lengths[i] = num_to_mask - (0 if i == 0 else cum_length[i - 1])
+    return lengths[: i + 1]
+
+
+def test_text_infilling_spans_are_fairseqs_poisson_spans() -> None:
+    """BART's text infilling covers 30 % of the row with Poisson(3) spans: the number of spans, the
+    mean length of the uncut ones and the share of zero-length spans (insertions) as fairseq's
+    sampler gives them, over 10,000 rows of 127 tokens. (Stopping at the budget leaves the uncut
+    spans 5.5 % zeros, not Poisson(3)'s e^-3 = 5.0 %, in both.)"""
+    budget = noise_count(127, 0.3)
+    generator, rng = torch.Generator().manual_seed(0), np.random.default_rng(0)
+    ours = [poisson_span_lengths(budget, budget, 3.0, generator).numpy() for _ in range(10_000)]
+    theirs = [fairseq_poisson_lengths(budget, 3.0, rng) for _ in range(10_000)]
+    assert all(int(lengths.sum()) == budget for lengths in ours)
+    for measure in (
+        len,
+        lambda lengths: float(np.mean(lengths[:-1])),
+        lambda lengths: float(np.mean(lengths == 0)),
+    ):
+        a, b = np.array([measure(x) for x in ours]), np.array([measure(x) for x in theirs])
+        assert agree(a.mean(), b.mean(), math.sqrt(a.var() / len(a) + b.var() / len(b))), (a.mean(), b.mean())
+
+
+def spanbert_spans(length: int, rng: np.random.Generator) -> list[int]:
+    """SpanBERT's `PairWithSpanMaskingScheme.mask` (facebookresearch/SpanBERT), every token a word:
+    a span's length in words from the clipped geometric, an anchor anywhere not yet masked, words
+    added until the span's length or the budget (ceil of 15 %); overlapping spans are not stopped.
+    The spans' lengths in tokens."""
+    lens, weights = list(range(1, 11)), geometric_lengths(0.2, 10)
+    mask_num = math.ceil(length * 0.15)
+    mask: set[int] = set()
+    spans = []
+    while len(mask) < mask_num:
+        span_len = int(rng.choice(lens, p=weights))
+        anchor = int(rng.integers(length))
+        if anchor in mask:
+            continue
+        added = 0
+        for i in range(anchor, min(anchor + span_len, length)):
+            if len(mask) >= mask_num:
+                break
+            mask.add(i)
+            added += 1
+        spans.append(added)
+    return spans
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ours stops a span at a word already masked, SpanBERT's loop runs over it: 3.52 tokens a "
+    "span against 3.66 (docs/models.md)",
+)
+def test_spanbert_spans_are_spanberts_geometric_spans() -> None:
+    """SpanBERT's spans: lengths in words from a geometric distribution (p 0.2) clipped at 10, mean
+    3.8, until 15 % of the row is masked; each row's spans as SpanBERT's own loop draws them, over
+    2,000 rows of 512 one-token words."""
+    tokens, table = rows(2_000, 512, 2), torch.ones(VOCAB, dtype=torch.bool)
+    lengths = geometric_lengths(0.2, 10)
+    masked = mask_spans(tokens, table, torch.Generator().manual_seed(0), VOCAB, 0.15, lengths, 0.8, 0.1)
+    starts = torch.stack([masked.span_left, masked.span_right], 1).unique(dim=0)
+    ours = (starts[:, 1] - starts[:, 0] - 1).numpy()
+    rng = np.random.default_rng(0)
+    theirs = np.array([n for _ in range(2_000) for n in spanbert_spans(512, rng)])
+    assert sum(p * k for k, p in enumerate(lengths, 1)) == pytest.approx(3.8, abs=0.01)
+    error = math.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs))
+    assert agree(ours.mean(), theirs.mean(), error), (ours.mean(), theirs.mean())
+    assert agree(len(ours) / 2_000, len(theirs) / 2_000, 0.1), (len(ours), len(theirs))

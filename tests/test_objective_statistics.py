@@ -169,15 +169,11 @@ def spanbert_spans(length: int, rng: np.random.Generator) -> list[int]:
     return spans
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ours stops a span at a word already masked, SpanBERT's loop runs over it: 3.52 tokens a "
-    "span against 3.66 (docs/models.md)",
-)
 def test_spanbert_spans_are_spanberts_geometric_spans() -> None:
     """SpanBERT's spans: lengths in words from a geometric distribution (p 0.2) clipped at 10, mean
-    3.8, until 15 % of the row is masked; each row's spans as SpanBERT's own loop draws them, over
-    2,000 rows of 512 one-token words."""
+    3.8, until 15 % of the row is masked, a span running over words already masked; their mean
+    length as SpanBERT's own loop gives it, over 2,000 rows of 512 one-token words (a span that later
+    ones cover whole is not seen in ours, so the count of spans is not compared)."""
     tokens, table = rows(2_000, 512, 2), torch.ones(VOCAB, dtype=torch.bool)
     lengths = geometric_lengths(0.2, 10)
     masked = mask_spans(tokens, table, torch.Generator().manual_seed(0), VOCAB, 0.15, lengths, 0.8, 0.1)
@@ -188,4 +184,5 @@ def test_spanbert_spans_are_spanberts_geometric_spans() -> None:
     assert sum(p * k for k, p in enumerate(lengths, 1)) == pytest.approx(3.8, abs=0.01)
     error = math.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs))
     assert agree(ours.mean(), theirs.mean(), error), (ours.mean(), theirs.mean())
-    assert agree(len(ours) / 2_000, len(theirs) / 2_000, 0.1), (len(ours), len(theirs))
+    # each row's budget met: SpanBERT's ceil of 15 % (77 of 512), the spans overlapping where they meet
+    assert (masked.selected.sum(1) == math.ceil(512 * 0.15)).all()

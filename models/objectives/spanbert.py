@@ -67,7 +67,8 @@ def mask_spans(
 ) -> SpanMasked:
     """Whole-word spans of lengths drawn from `lengths` (P of 1, 2, … words) until `rate` of each row's
     tokens are selected (the last span cut at the budget, as SpanBERT's); an anchor word already in a
-    span is drawn again."""
+    span is drawn again, and a span runs over words already masked (they count once), as SpanBERT's
+    loop does: a token keeps the last span's boundaries."""
     import torch
 
     batch, width = tokens.shape
@@ -95,13 +96,14 @@ def mask_spans(
             if selected[b, words[anchor][0]]:
                 continue
             first, last = words[anchor][0], None
-            for w in range(anchor, anchor + n_words):
-                if w not in usable or selected[b, words[w][0]] or masked >= budget:
+            for w in range(anchor, anchor + n_words):  # over words already masked, as SpanBERT's loop
+                if w not in usable or masked >= budget:
                     break
                 for t in range(*words[w]):
                     if masked >= budget:
                         break
-                    selected[b, t], masked, last = True, masked + 1, t
+                    masked += not selected[b, t]
+                    selected[b, t], last = True, t
             choice = float(torch.rand(1, generator=generator))
             span = slice(first, last + 1)
             if choice < mask_fraction:

@@ -15,7 +15,7 @@ from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
 from models.lightning import PretrainModule, make_batch
 from models.objectives.base import batch_generator
-from models.objectives.electra import generator_config, replace_tokens
+from models.objectives.electra import collapse_measures, generator_config, replace_tokens
 from models.special import SPECIAL
 from tests.test_pairs import assert_learns
 from tests.test_params import assert_params_error
@@ -108,11 +108,33 @@ def test_validation_logs_what_the_detection_accuracy_is_read_against() -> None:
         accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False
     )
     trainer.validate(module, DataLoader([batch, batch], batch_size=None), verbose=False)
-    logged = {key for key in trainer.callback_metrics if key.startswith("val/replaced")}
-    assert logged == {f"val/replaced_{name}" for name in ("loss", "accuracy", "share", "recall")}
+    logged = {key for key in trainer.callback_metrics if key.startswith(("val/replaced", "val/state"))}
+    names = ("loss", "accuracy", "share", "recall", "auc")
+    assert logged == {f"val/replaced_{name}" for name in names} | {"val/state_cosine"}
+    assert 0.0 <= float(trainer.callback_metrics["val/replaced_auc"]) <= 1.0
     assert float(trainer.callback_metrics["val/replaced_share"]) == pytest.approx(share)
     summary = summarise(trainer, module, PretrainParams(seq_len=32, batch_size=8), "electra", (1, 1))
     assert summary["val_replaced_share"] == pytest.approx(share) and "val_replaced_loss" in summary
+
+
+def test_the_collapse_measures_read_the_detection_ranking_and_the_states_spread() -> None:
+    """ROC AUC of the detection scores over real tokens (1 ranked right, 0 reversed, 0.5 for one
+    constant score), and the mean cosine between two positions' states of a row (1 when every state is
+    one vector, 0 for orthogonal ones); padding counts in neither."""
+    replaced = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    pad_mask = torch.tensor([[True, True, True], [True, True, False]])
+    same = torch.ones(2, 3, 4)
+    orthogonal = torch.eye(4)[:3].expand(2, 3, 4).clone()
+    orthogonal[1, 2] = 5.0  # the padded position: not read
+    for scores, auc in ((replaced * 2 - 1, 1.0), (1 - replaced * 2, 0.0), (torch.zeros(6), 0.5)):
+        scores = scores.clone()
+        scores[5] = -10.0 if auc == 1.0 else 10.0  # the padded token's score: not read
+        measures = collapse_measures(scores, replaced, same, pad_mask)
+        assert float(measures["replaced_auc"]) == pytest.approx(auc)
+        assert float(measures["state_cosine"]) == pytest.approx(1.0)
+    assert float(
+        collapse_measures(replaced, replaced, orthogonal, pad_mask)["state_cosine"]
+    ) == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("width", [0.125, 0.25, 0.5, 1.0])

@@ -95,6 +95,27 @@ def replace_tokens(
     return fake, replaced
 
 
+def collapse_measures(
+    scores: Tensor, replaced: Tensor, hidden: Tensor, pad_mask: Tensor | None
+) -> dict[str, Tensor]:
+    """What shows a discriminator's collapse (docs/results/2026-11.md): the ROC AUC of its scores on
+    the real tokens (0.5 at chance; scikit-learn's, on the host: validation only), and the mean cosine
+    between two positions' final states in a row (near 1 when every state is one vector)."""
+    import torch
+    import torch.nn.functional as F
+    from sklearn.metrics import roc_auc_score
+
+    real = torch.ones_like(replaced, dtype=torch.bool) if pad_mask is None else pad_mask.reshape(-1)
+    labels, ranked = replaced[real].cpu().numpy(), scores[real].detach().float().cpu().numpy()
+    both = 0 < labels.sum() < len(labels)
+    auc = torch.tensor(roc_auc_score(labels, ranked) if both else 0.5, device=scores.device)
+    mask = torch.ones(hidden.shape[:2], device=hidden.device) if pad_mask is None else pad_mask.float()
+    units = F.normalize(hidden.detach().float(), dim=-1) * mask[..., None]
+    n = mask.sum(1)
+    pairs = (units.sum(1).pow(2).sum(-1) - n) / (n * (n - 1)).clamp(min=1.0)
+    return {"replaced_auc": auc, "state_cosine": pairs.mean()}
+
+
 def make_head(model: ModelConfig, args: Args) -> nn.Module:
     """The generator and the discriminator's head: a module built here, so that this file imports no
     torch at the top (params validation imports the objectives)."""
@@ -156,6 +177,8 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
             recall = (detected * replaced).sum() / replaced.sum().clamp(min=1.0)
             terms = {"replaced": (detection, self.weight)}
             rates = {"replaced_share": share, "replaced_recall": recall}
+            if not self.training:  # validation: the collapse shows in MLflow
+                rates |= collapse_measures(scores, replaced, hidden, pad_mask)
             return Terms(loss, correct, labels.numel(), terms, {"replaced": accuracy}, rates)
 
     return ElectraHead()

@@ -132,7 +132,8 @@ def finetune_flops(params: Params, name: str, parameters: int, repo_dir: Path) -
     from lmpipe.glue.tasks import TASKS
 
     total, jobs = 0.0, 0
-    width = params.models[name].config_fields()["d_model"]
+    fields = params.models[name].config_fields()
+    width = fields.get("embedding_size") or fields["d_model"]  # ALBERT's: E wide
     weights = parameters - params.tokenizer.vocab_size * width  # the embedding table is a lookup
     for task in params.glue.tasks:
         recipe = params.recipe_of(name, task)

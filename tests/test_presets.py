@@ -385,3 +385,24 @@ def test_the_status_reads_each_research_entry_that_names_a_preset(tmp_path: Path
     (tmp_path / "2026-01.md").write_text("## 2026-01-04: a run\n\nPreset: `no_such_preset`.\n")
     with pytest.raises(SystemExit, match="no card has: no_such_preset"):
         made.status_table()
+
+
+def test_the_plans_fine_tuning_cost_counts_factorized_embeddings_at_their_width() -> None:
+    """Fine-tuning's FLOPs are 6 per weight and token less the embedding lookup, which for ALBERT's
+    factorized embeddings is V·E, not V·d (it came out negative)."""
+    import copy
+
+    from flows.plan import finetune_flops
+    from lmpipe.params.project import parse_params
+    from models.transformer import Transformer
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["models"] = {
+        "albert": {"arch": "encoder", "objective": "mlm", "preset": "tiny", "embedding_size": 16}
+    }
+    params = parse_params(raw)
+    config = params.models["albert"].config(params.tokenizer.vocab_size)
+    parameters = Transformer(config).num_parameters()
+    jobs, flops = finetune_flops(params, "albert", parameters, ROOT)
+    weights = parameters - params.tokenizer.vocab_size * 16
+    assert jobs > 0 and weights > 0 and flops > 0

@@ -48,6 +48,16 @@ def pretrain_module(cfg: ModelConfig, train) -> PretrainModule:
     return module
 
 
+def masked_pairs(module: PretrainModule, train, ids: torch.Tensor, pair_labels: torch.Tensor):
+    """The masked LM's batch of segment pairs with their NSP or SOP labels, and its targets in the
+    reference's form: the original token where masked, -100 elsewhere."""
+    pair = OBJECTIVES["mlm"].pair(ids, train.objective_args, batch_generator(0, 0), VOCAB)
+    batch = module.model.arch.batch(pair) | {"pair_labels": pair_labels}
+    labels = torch.full_like(ids, -100).reshape(-1)
+    labels[batch["positions"]] = batch["labels"]
+    return batch, labels.reshape(ids.shape)
+
+
 def bert_for_pretraining(module: PretrainModule) -> torch.nn.Module:
     """transformers' BertForPreTraining holding our encoder's weights, its pooler and NSP classifier
     our pair head's."""
@@ -112,17 +122,14 @@ def test_bert_computes_what_bert_for_pretraining_does() -> None:
     reference = bert_for_pretraining(module)
 
     ids, next_sentence = segment_pairs()
-    pair = OBJECTIVES["mlm"].pair(ids, train.objective_args, batch_generator(0, 0), VOCAB)
-    batch = module.model.arch.batch(pair) | {"pair_labels": next_sentence}
-    labels = torch.full_like(ids, -100).reshape(-1)
-    labels[batch["positions"]] = batch["labels"]
+    batch, labels = masked_pairs(module, train, ids, next_sentence)
     with torch.no_grad():
         ours = module.terms(batch)
         hidden = module.model.encode(batch["input_ids"])
         theirs = reference(
             input_ids=batch["input_ids"],
             token_type_ids=segment_ids(batch["input_ids"]),
-            labels=labels.reshape(ids.shape),
+            labels=labels,
             next_sentence_label=next_sentence,
         )
         logits = module.model.lm_logits(hidden)
@@ -130,7 +137,7 @@ def test_bert_computes_what_bert_for_pretraining_does() -> None:
 
     torch.testing.assert_close(logits, theirs.prediction_logits, **TOLERANCE)
     torch.testing.assert_close(pair_logits, theirs.seq_relationship_logits, **TOLERANCE)
-    masked_lm = F.cross_entropy(theirs.prediction_logits.reshape(-1, VOCAB), labels)
+    masked_lm = F.cross_entropy(theirs.prediction_logits.reshape(-1, VOCAB), labels.reshape(-1))
     next_sentence_loss = F.cross_entropy(theirs.seq_relationship_logits, next_sentence)
     torch.testing.assert_close(ours.loss, masked_lm, **TOLERANCE)
     torch.testing.assert_close(ours.extra["nsp"][0], next_sentence_loss, **TOLERANCE)
@@ -225,17 +232,14 @@ def test_albert_computes_what_albert_for_pretraining_does() -> None:
     reference = albert_for_pretraining(module)
 
     ids, sentence_order = segment_pairs(4)
-    pair = OBJECTIVES["mlm"].pair(ids, train.objective_args, batch_generator(0, 0), VOCAB)
-    batch = module.model.arch.batch(pair) | {"pair_labels": sentence_order}
-    labels = torch.full_like(ids, -100).reshape(-1)
-    labels[batch["positions"]] = batch["labels"]
+    batch, labels = masked_pairs(module, train, ids, sentence_order)
     with torch.no_grad():
         ours = module.terms(batch)
         hidden = module.model.encode(batch["input_ids"])
         theirs = reference(
             input_ids=batch["input_ids"],
             token_type_ids=segment_ids(batch["input_ids"]),
-            labels=labels.reshape(ids.shape),
+            labels=labels,
             sentence_order_label=sentence_order,
         )
     torch.testing.assert_close(module.model.lm_logits(hidden), theirs.prediction_logits, **TOLERANCE)

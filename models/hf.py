@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from models.special import SPECIAL
 from models.transformer import Transformer
@@ -146,11 +146,12 @@ def _gpt2(model: Transformer) -> HFLayout:
     return HFLayout("GPT2LMHeadModel", config, tensors, why)
 
 
-def _encoder_layers(model: Transformer, pre_norm: bool) -> dict[str, Tensor]:
-    """BERT's layer names (query/key/value apart); the norms where BERT or XLM-R XL has them."""
-    state, tensors = model.state_dict(), {}
-    for i in range(model.cfg.n_layers):
-        ours, theirs = f"encoder.blocks.{i}", f"encoder.layer.{i}"
+def _encoder_layers(stack: nn.Module, pre_norm: bool) -> dict[str, Tensor]:
+    """A stack's layers in BERT's names (query/key/value apart); the norms where BERT or XLM-R XL has
+    them."""
+    state, tensors = stack.state_dict(), {}
+    for i in range(len(stack.blocks)):
+        ours, theirs = f"blocks.{i}", f"encoder.layer.{i}"
         for kind in ("weight", "bias"):
             parts = state[f"{ours}.self_attn.qkv.{kind}"].chunk(3, dim=0)
             for name, part in zip(("query", "key", "value"), parts, strict=True):
@@ -197,7 +198,7 @@ def _bert(model: Transformer) -> HFLayout:
     tensors = _embeddings(model, state["positions.weight"])
     tensors["embeddings.LayerNorm.weight"] = state["encoder.edge_norm.weight"]
     tensors["embeddings.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
-    tensors |= _encoder_layers(model, pre_norm=False)
+    tensors |= _encoder_layers(model.encoder, pre_norm=False)
     config = _encoder_config(model, cfg.max_len) | {"model_type": "bert"}
     config |= _tied_masked_lm("BertForTiedMaskedLM")
     why = (
@@ -242,7 +243,7 @@ def _xlm_roberta_xl(model: Transformer) -> HFLayout:
     tensors = _embeddings(model, positions)
     tensors["encoder.LayerNorm.weight"] = state["encoder.edge_norm.weight"]
     tensors["encoder.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
-    tensors |= _encoder_layers(model, pre_norm=True)
+    tensors |= _encoder_layers(model.encoder, pre_norm=True)
     config = _encoder_config(model, cfg.max_len + offset) | {"model_type": "xlm-roberta-xl"}
     config |= _tied_masked_lm("XLMRobertaXLForTiedMaskedLM")
     why = (

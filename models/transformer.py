@@ -214,16 +214,20 @@ def stack_blocks(cfg: ModelConfig, n_layers: int, cross: bool) -> list[Block]:
 
 
 class Stack(nn.Module):
-    def __init__(self, cfg: ModelConfig, n_layers: int, causal: bool, cross: bool) -> None:
+    def __init__(
+        self, cfg: ModelConfig, n_layers: int, causal: bool, cross: bool, projected: bool = False
+    ) -> None:
         super().__init__()
         self.causal = causal
         self.blocks = nn.ModuleList(stack_blocks(cfg, n_layers, cross))
         # pre-norm stacks end in a norm; post-norm ones normalise the embeddings instead (BERT)
         self.pre_norm = cfg.norm_position == "pre"
-        # post-LN: a norm on the stack's input (BERT's on the embeddings), except where factorized
-        # embeddings are normalised before their projection (ALBERT's); pre-LN: on its output
-        self.norms_input = not self.pre_norm and cfg.embedding_size is None
+        # post-LN: a norm on the stack's input (BERT's on the embeddings, then their dropout), except
+        # where the embeddings are normalised before a projection to its width (ALBERT's, ELECTRA's
+        # generator's); pre-LN: on its output
+        self.norms_input = not self.pre_norm and cfg.embedding_size is None and not projected
         self.edge_norm = make_norm(cfg) if self.pre_norm or self.norms_input else None
+        self.input_drop = nn.Dropout(cfg.dropout) if self.norms_input else None
         self.position_bias = PositionBias(cfg) if cfg.positions in ("alibi", "relative") else None
 
     def forward(
@@ -242,7 +246,7 @@ class Stack(nn.Module):
             mask = biased_mask(self.position_bias(x.shape[1], causal, x.device), mask, causal)
         context_mask = None if context_pad_mask is None else context_pad_mask[:, None, None, :]
         if self.norms_input:
-            x = self.edge_norm(x)
+            x = self.input_drop(self.edge_norm(x))
         for block in self.blocks:
             x = block(x, mask, causal and mask is None, rope, context, context_mask)
         return self.edge_norm(x) if self.pre_norm else x
@@ -344,13 +348,22 @@ class Transformer(nn.Module):
         init_normal(module, self.cfg.init_std)
 
     def embed_ids(self, ids: Tensor) -> Tensor:
-        """The input of a stack: the embeddings, projected to d_model where factorized, dropout."""
+        """The input of a stack: the embeddings, projected to d_model where factorized, dropout (a
+        post-LN stack's own input norm comes first: it drops them out itself)."""
         x = self.embeddings(ids)
         if self.embed_norm is not None:  # ALBERT's: normalised and dropped out at E, then projected
             return self.embed_projection(self.drop(self.embed_norm(x)))
         if self.embed_projection is not None:
             x = self.embed_projection(x)
-        return self.drop(x)
+        return x if self.cfg.norm_position == "post" else self.drop(x)
+
+    def embedding_norm(self) -> nn.Module | None:
+        """The norm BERT applies to the embeddings (at E before a projection, else the encoder's input
+        norm), which ELECTRA's generator shares; None pre-LN."""
+        if self.embed_norm is not None:
+            return self.embed_norm
+        stack = self.encoder if self.encoder is not None else self.decoder
+        return stack.edge_norm if stack.norms_input else None
 
     def embeddings(self, ids: Tensor) -> Tensor:
         """The tokens' embeddings with their positions and segments, before any projection (E wide

@@ -13,9 +13,11 @@ from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import ModelConfig
 from models.hf import _embeddings, _encoder_layers, _gpt2, lm_transform_tensors
+from models.hf_reference import electra_pair
 from models.lightning import PretrainModule
 from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
+from models.objectives.electra import replace_tokens
 from models.special import SPECIAL
 from models.transformer import Transformer, segment_ids
 
@@ -78,7 +80,7 @@ def bert_for_pretraining(module: PretrainModule) -> torch.nn.Module:
     )
     reference = transformers.BertForPreTraining(config).eval()
     state = model.state_dict()
-    tensors = _embeddings(model, state["positions.weight"]) | _encoder_layers(model, pre_norm=False)
+    tensors = _embeddings(model, state["positions.weight"]) | _encoder_layers(model.encoder, pre_norm=False)
     tensors["embeddings.token_type_embeddings.weight"] = state["segments.weight"]
     tensors["embeddings.LayerNorm.weight"] = state["encoder.edge_norm.weight"]
     tensors["embeddings.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
@@ -468,3 +470,77 @@ def test_bart_computes_what_bart_for_conditional_generation_does() -> None:
         )
     torch.testing.assert_close(module.model.lm_logits(hidden), theirs.logits, **TOLERANCE)
     torch.testing.assert_close(ours.loss, theirs.loss, **TOLERANCE)
+
+
+@pytest.mark.parametrize("embedding_size", [None, 32], ids=["E=H", "factorized"])
+def test_electra_computes_what_electra_for_pretraining_does(embedding_size: int | None) -> None:
+    """ELECTRA's replaced-token detection in its own form: post-LN, the generator a quarter of the
+    discriminator's width on its embeddings and their LayerNorm, ELECTRA's generator head; the
+    generator's masked-LM loss, its samples (the same uniforms on the reference's logits), the
+    discriminator's logits and detection loss, and their sum with λ 50."""
+    cfg = ModelConfig(
+        arch="encoder",
+        vocab_size=VOCAB,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        d_ff=128,
+        max_len=LENGTH,
+        norm_position="post",
+        embedding_size=embedding_size,
+        norm_eps=1e-12,
+    )
+    params = PretrainParams(seq_len=LENGTH, batch_size=ROWS)
+    train = train_config("encoder", "electra", params, objectives_params(), 0)
+    module = pretrain_module(cfg, train)
+    # rows of four ids the generator favours: some of its samples are the original token
+    few = torch.arange(SPECIAL.n_special, SPECIAL.n_special + 4)
+    with torch.no_grad():
+        module.objective_head.generator.bias[few] += 8.0
+    discriminator, masked_lm = (model.eval() for model in electra_pair(module))
+
+    rows = few[torch.randint(0, len(few), (ROWS, LENGTH), generator=torch.Generator().manual_seed(2))]
+    pair = OBJECTIVES["electra"].pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
+    batch = module.model.arch.batch(pair)
+    ids, positions, labels = batch["input_ids"], batch["positions"], batch["labels"]
+    masked = torch.full_like(ids, -100).reshape(-1)
+    masked[positions] = labels
+    with torch.no_grad():
+        ours = module.terms(batch)
+        generated = masked_lm(input_ids=ids, labels=masked.reshape(ids.shape))
+        logits = generated.logits.reshape(-1, VOCAB)[positions]
+        fake, replaced = replace_tokens(ids, positions, labels, logits, batch["sample_uniforms"])
+        detected = discriminator(input_ids=fake, labels=replaced.reshape(ids.shape))
+        head = module.objective_head
+        torch.testing.assert_close(head.generator(module.model, ids, None, positions), logits, **TOLERANCE)
+        scores = head.detector(module.model.encode(fake)).squeeze(-1)
+    assert 0 < replaced.sum() < positions.numel()  # some samples differ, some hit the original
+    torch.testing.assert_close(scores, detected.logits, **TOLERANCE)
+    torch.testing.assert_close(ours.loss, generated.loss, **TOLERANCE)
+    torch.testing.assert_close(ours.extra["replaced"][0], detected.loss, **TOLERANCE)
+    torch.testing.assert_close(ours.total(), generated.loss + 50.0 * detected.loss, **TOLERANCE)
+
+
+def test_electra_side_by_side_trains_the_reference_as_ours(tmp_path) -> None:
+    """The research log's side-by-side runs (docs/results/electra_side_by_side.py): transformers'
+    ELECTRA starts from our weights and, on the same batches with the same optimizer, takes the same
+    steps: the two agree on every measure at the start and on the loss after three steps."""
+    import csv
+    import json
+
+    import numpy as np
+
+    from docs.results.electra_side_by_side import Recipe, run
+
+    tokens = np.random.default_rng(0).integers(SPECIAL.n_special, VOCAB, 20_000).astype(np.uint16)
+    for split in ("train", "val"):
+        tokens.tofile(tmp_path / f"{split}.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": VOCAB}))
+    recipe = Recipe(batch_size=4, seq_len=LENGTH, warmup=2)
+    run(recipe, tmp_path, steps=3, every=3, reference=True, out=tmp_path / "side.csv")
+    with (tmp_path / "side.csv").open() as handle:
+        rows = {(row["model"], int(row["step"])): row for row in csv.DictReader(handle)}
+    for measure in ("detection_loss", "generator_accuracy", "auc", "cosine"):
+        ours, theirs = float(rows["ours", 0][measure]), float(rows["transformers", 0][measure])
+        assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-5), measure
+    assert float(rows["ours", 3]["loss"]) == pytest.approx(float(rows["transformers", 3]["loss"]), rel=1e-4)

@@ -9,7 +9,7 @@ rest kept (no random tokens); a token counts as replaced only where the sample d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from models.objectives.base import Args, Objective, ObjectiveParams, Pair, Terms
 from models.objectives.mlm import mask_tokens
@@ -39,6 +39,13 @@ class ElectraParams(ObjectiveParams):
             "depth is the discriminator's; ELECTRA: 1/4)",
         },
     )
+    generator_head: Literal["transform", "tied"] = field(
+        default="transform",
+        metadata={
+            "description": "the generator's prediction head: transform (ELECTRA's: dense to the embeddings' "
+            "width, GELU, LayerNorm, output bias) | tied (back through the input projection's matrix)"
+        },
+    )
     discriminator_weight: float = field(
         default=50.0, metadata={"gt": 0.0, "description": "λ of the discriminator's loss (ELECTRA: 50)"}
     )
@@ -46,8 +53,8 @@ class ElectraParams(ObjectiveParams):
 
 def generator_config(model: ModelConfig, width: float) -> ModelConfig:
     """The generator's shape: the discriminator's depth, its width, heads and MLP times `width` (the
-    head size even, so rotary positions fit); its own stack, no sharing, embeddings from the
-    discriminator."""
+    head size even, so rotary positions fit); its own stack, no sharing; its embeddings are the
+    discriminator's (E wide, projected to its width: as ELECTRA's, normalised where post-LN)."""
     heads = max(1, round(model.n_heads * width))
     d_model = max(2 * heads, round(model.d_model * width / (2 * heads)) * 2 * heads)
     return model.with_(
@@ -125,17 +132,25 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
     from models.transformer import Stack, Transformer, init_normal, rope_tables
 
     class Generator(torch.nn.Module):
-        """A masked LM on the discriminator's embeddings: projected to its width, its own stack, its
-        predictions tied back through the same projection to the shared token embeddings."""
+        """A masked LM on the discriminator's embeddings (and their norm, post-LN) projected to its
+        width, its own stack, its predictions tied to the shared token embeddings: through ELECTRA's
+        prediction head, or back through the input projection's matrix."""
 
         def __init__(self) -> None:
             super().__init__()
             self.cfg = generator_config(model, args["generator_width"])
-            self.projection = torch.nn.Linear(
-                model.embedding_size or model.d_model, self.cfg.d_model, bias=model.bias
-            )
-            self.stack = Stack(self.cfg, model.n_layers, causal=False, cross=False)
+            width = model.embedding_size or model.d_model
+            self.projection = torch.nn.Linear(width, self.cfg.d_model, bias=model.bias)
+            self.stack = Stack(self.cfg, model.n_layers, causal=False, cross=False, projected=True)
             self.drop = torch.nn.Dropout(model.dropout)
+            self.transform, self.bias = None, None
+            if args["generator_head"] == "transform":
+                self.transform = torch.nn.Sequential(
+                    torch.nn.Linear(self.cfg.d_model, width),
+                    torch.nn.GELU(),
+                    torch.nn.LayerNorm(width, eps=model.norm_eps),
+                )
+                self.bias = torch.nn.Parameter(torch.zeros(model.vocab_size))
             if model.positions == "rope":
                 cos, sin = rope_tables(model.max_len, self.cfg.head_dim)
                 self.register_buffer("rope_cos", cos, persistent=False)
@@ -147,8 +162,12 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
         ) -> Tensor:
             """Logits over the vocabulary at `positions` (flat indices into the batch)."""
             rope = (self.rope_cos, self.rope_sin) if model.positions == "rope" else None
-            states = self.stack(self.drop(self.projection(discriminator.embeddings(ids))), pad_mask, rope)
+            embedded, norm = discriminator.embeddings(ids), discriminator.embedding_norm()
+            embedded = self.drop(embedded if norm is None else norm(embedded))
+            states = self.stack(self.projection(embedded), pad_mask, rope)
             picked = states.reshape(-1, self.cfg.d_model).index_select(0, positions)
+            if self.transform is not None:
+                return F.linear(self.transform(picked), discriminator.embed.weight, self.bias)
             return F.linear(picked @ self.projection.weight, discriminator.embed.weight)
 
     class ElectraHead(torch.nn.Module):
@@ -223,7 +242,11 @@ class Electra(Objective):
         flops = 2 * b * seq_len * e * gen.d_model + stack_forward_flops(
             b, seq_len, model.n_layers, gen.d_model, gen.d_ff, gen.mlp
         )
-        flops += 2 * predicted * lm_head_weights(gen.d_model, e, model.vocab_size)
+        flops += (
+            2
+            * predicted
+            * lm_head_weights(gen.d_model, e, model.vocab_size, args["generator_head"] == "transform")
+        )
         return flops + 2 * b * seq_len * (model.d_model * model.d_model + model.d_model)
 
 

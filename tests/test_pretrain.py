@@ -60,16 +60,12 @@ def unigram_entropy(tokens: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-# MLM supervises 15 % of the tokens, so it gets more of them to beat the same baseline. Measured on the
-# 8 MB corpus (2-core AMD EPYC without AVX-512), the loss under the bar by: encoder 0.12 nats (0.16 at
-# 320 steps, 0.08 at 160), decoder 0.11 (50 steps miss it by 0.15), encoder-decoder 0.78 (0.97 at 80)
-BUDGET = {"encoder_mlm": (240, 32), "decoder_clm": (100, 16), "encdec_span": (40, 16)}
-
-
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
-@pytest.mark.parametrize("name", list(MODELS))
-def test_each_objective_learns_real_text(real_pipeline: Workdir, name: str) -> None:
-    steps, batch = BUDGET[name]
+def test_the_stage_learns_real_text(real_pipeline: Workdir) -> None:
+    """The pretrain stage's loop (Lightning, its schedule and data) learns real text: the tiny decoder's
+    100 steps of 16 (measured on the 8 MB corpus, 2-core AMD EPYC without AVX-512: 0.11 nats under the
+    bar; 50 steps miss it by 0.15). Every objective learns in tests/test_objectives_learn.py."""
+    name, steps, batch = "decoder_clm", 100, 16
     settings = {"models": {name: MODELS[name]}, "pretrain.max_steps": steps, "pretrain.batch_size": batch}
     with real_pipeline.changed(settings | {"pretrain.lr": 0.003, "pretrain.val_every": steps}):
         run_stages(real_pipeline, "pretrain", name)

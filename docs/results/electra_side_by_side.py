@@ -56,6 +56,7 @@ class Recipe:
     generator_head: str = "transform"
     discriminator_weight: float = 50.0
     mask_rate: float = 0.15
+    detector_bias: float = 0.0  # the detection logit's initial bias (0: ELECTRA's; the prior's log-odds)
     seed: int = 1
 
 
@@ -173,6 +174,8 @@ def run(recipe: Recipe, tokens_dir: Path, steps: int, every: int, reference: boo
     )
     torch.manual_seed(recipe.seed)
     module = PretrainModule(cfg.to_dict(), train.__dict__)
+    with torch.no_grad():
+        module.objective_head.detector[-1].bias.fill_(recipe.detector_bias)
     models = {"ours": Ours(module)}
     if reference:
         models["transformers"] = Reference(module, recipe.discriminator_weight)

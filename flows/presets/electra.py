@@ -42,8 +42,13 @@ CARDS = (
         differences=(
             "an ELECTRA row's `final train loss` is the generator's loss plus 50 × the detection loss, "
             "not the masked LM's quantity",
-            "ELECTRA's own recipe (post-LN, Adam β₂ 0.999, 10,000 warm-up steps, its generator's head) "
-            "is not this preset's: the rows train on the profile's",
+            "ELECTRA's own recipe (post-LN, Adam β₂ 0.999, 10,000 warm-up steps) is not this preset's: "
+            "the rows train on the profile's; the generator's head is ELECTRA's",
+            "on `real-cpu` (the small encoder, 30 and 60 CPU-minutes) and at tiny size the discriminator "
+            "collapses to its prior within about 150 steps (`val/replaced_auc` back to 0.55), at tiny size "
+            "as transformers' ELECTRA does from the same weights, under every recipe tried; there a masked "
+            "LM of the same size detects the replacements no better (research logs, 2026-11-30 and "
+            "2026-12-02): these rows measure ELECTRA before its discriminator has anything to learn",
         ),
     ),
 )

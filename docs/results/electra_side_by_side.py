@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import PRESETS, ModelConfig
-from models.lightning import PretrainModule, make_batch
+from models.lightning import PretrainModule, lr_factor, make_batch
 from models.objectives.base import batch_generator
 from models.objectives.electra import collapse_measures, replace_tokens
 from models.transformer import weight_decay_groups
@@ -137,16 +136,6 @@ class Reference:
         }
 
 
-def lr_factor(step: int, recipe: Recipe, steps: int) -> float:
-    if step < recipe.warmup:
-        return (step + 1) / recipe.warmup
-    if recipe.schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - recipe.warmup) / max(1, steps - recipe.warmup))
-    decay = 0.5 * (1 + math.cos(math.pi * progress)) if recipe.schedule == "cosine" else 1 - progress
-    return 0.1 + 0.9 * decay
-
-
 def run(recipe: Recipe, tokens_dir: Path, steps: int, every: int, reference: bool, out: Path) -> None:
     meta = json.loads((tokens_dir / "meta.json").read_text())
     train_tokens = np.memmap(tokens_dir / "train.bin", dtype=meta["dtype"], mode="r")
@@ -161,7 +150,13 @@ def run(recipe: Recipe, tokens_dir: Path, steps: int, every: int, reference: boo
             }
         }
     )
-    params = PretrainParams(seq_len=recipe.seq_len, batch_size=recipe.batch_size)
+    params = PretrainParams(
+        seq_len=recipe.seq_len,
+        batch_size=recipe.batch_size,
+        max_steps=steps,
+        warmup_steps=recipe.warmup,
+        schedule=recipe.schedule,
+    )
     train = train_config("encoder", "electra", params, objectives, recipe.seed)
     cfg = ModelConfig(
         arch="encoder",
@@ -228,7 +223,7 @@ def run(recipe: Recipe, tokens_dir: Path, steps: int, every: int, reference: boo
                 started = time.perf_counter()
                 optimizer = optimizers[name]
                 for group in optimizer.param_groups:
-                    group["lr"] = recipe.lr * lr_factor(step, recipe, steps)
+                    group["lr"] = recipe.lr * lr_factor(step, train)
                 torch.manual_seed(recipe.seed * 100_003 + step)  # the same dropout stream in both
                 loss = model.loss(batch)
                 optimizer.zero_grad(set_to_none=True)
@@ -255,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, json.JSONDecodeError) as error:
         print(f"--set: {error}", file=sys.stderr)
         return 2
-    run(recipe, args.tokens, args.steps, args.every, not args.no_reference, args.out)
+    try:
+        run(recipe, args.tokens, args.steps, args.every, not args.no_reference, args.out)
+    except (ValueError, FileNotFoundError) as error:  # a recipe params.yaml's schema refuses, no tokens
+        reason = error.errors()[0]["msg"] if hasattr(error, "errors") else str(error).splitlines()[0]
+        print(f"electra_side_by_side: {reason}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,8 +1,8 @@
 """The objectives' noise against their references over thousands of rows, within sampling error
-(4 standard errors): BERT's 80/10/10 beside transformers' DataCollatorForLanguageModeling on the same
-rows; T5's span corruption against its stated arithmetic; BART's Poisson(3) infilling beside fairseq's
-span sampler and SpanBERT's geometric spans beside SpanBERT's masking loop, each transcribed here from
-the papers' code (neither installs from pip)."""
+(4 standard errors): BERT's 80/10/10 and whole-word masking beside transformers'
+DataCollatorForLanguageModeling on the same rows; T5's span corruption against its stated arithmetic;
+BART's Poisson(3) infilling beside fairseq's span sampler and SpanBERT's geometric spans beside
+SpanBERT's masking loop, each transcribed here from the papers' code (neither installs from pip)."""
 
 from __future__ import annotations
 
@@ -186,3 +186,79 @@ def test_spanbert_spans_are_spanberts_geometric_spans() -> None:
     assert agree(ours.mean(), theirs.mean(), error), (ours.mean(), theirs.mean())
     # each row's budget met: SpanBERT's ceil of 15 % (77 of 512), the spans overlapping where they meet
     assert (masked.selected.sum(1) == math.ceil(512 * 0.15)).all()
+
+
+def test_whole_word_masking_masks_words_as_transformers_collator_does() -> None:
+    """Whole-word masking (`mask_unit: word`) on 2,000 rows of 128 pieces in words of 1-4 pieces,
+    beside transformers' DataCollatorForLanguageModeling(whole_word_mask=True) on the same rows, its
+    words read from offsets with a gap before each word: both select 15 % of the pieces, every piece of
+    a selected word but where ours cuts its row's last word at the budget, and pick words of every
+    length alike (the selected words' mean length is the text's). Ours then masks, replaces or keeps
+    each word whole 80/10/10 as SpanBERT does; transformers' collator masks every selected piece."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    generator = np.random.default_rng(3)
+    n_rows, width = 2_000, 128
+    # even ids begin a word, odd ones continue it: the tokenizer's word-start table
+    table = torch.zeros(VOCAB, dtype=torch.bool)
+    table[SPECIAL.n_special + (SPECIAL.n_special % 2) :: 2] = True
+    starts_ids = table.nonzero().squeeze(1).numpy()
+    inner_ids = (~table).nonzero().squeeze(1).numpy()
+    inner_ids = inner_ids[inner_ids >= SPECIAL.n_special]
+    lengths = generator.choice([1, 2, 3, 4], size=(n_rows, width), p=[0.6, 0.25, 0.1, 0.05])
+    begins = np.zeros((n_rows, width), dtype=bool)
+    for row, row_lengths in zip(begins, lengths, strict=True):
+        row[np.cumsum(row_lengths)[np.cumsum(row_lengths) < width]] = True
+        row[0] = True
+    ids = np.where(
+        begins, generator.choice(starts_ids, begins.shape), generator.choice(inner_ids, begins.shape)
+    )
+    tokens = torch.from_numpy(ids)
+    word_ids = np.cumsum(begins, axis=1)
+
+    ours = mask_spans(tokens, table, torch.Generator().manual_seed(0), VOCAB, 0.15, [1.0], 0.8, 0.1)
+    vocab = {f"t{i}": i for i in range(VOCAB)} | {"[MASK]": SPECIAL.mask, "[UNK]": SPECIAL.unk}
+    vocab.pop(f"t{SPECIAL.mask}"), vocab.pop(f"t{SPECIAL.unk}")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="[UNK]")),
+        mask_token="[MASK]",
+        unk_token="[UNK]",
+    )
+    collator = transformers.DataCollatorForLanguageModeling(
+        tokenizer, mlm_probability=0.15, whole_word_mask=True, seed=1
+    )
+    ends = np.cumsum(1 + begins, axis=1)  # each piece one character, a space before each word
+    offsets = np.stack([ends - 1, ends], axis=-1)
+    _, labels = collator.torch_mask_tokens(
+        tokens.clone(), special_tokens_mask=torch.zeros_like(tokens), offset_mapping=offsets
+    )
+    theirs = (labels != -100).numpy()
+
+    def words(selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per (row, word): whether any of its pieces is selected, and whether all are."""
+        keys = np.arange(n_rows)[:, None] * (width + 1) + word_ids
+        flat_keys, flat = keys.reshape(-1), selected.reshape(-1)
+        unique, index = np.unique(flat_keys, return_inverse=True)
+        any_ = np.zeros(len(unique), dtype=bool)
+        np.logical_or.at(any_, index, flat)
+        all_ = np.ones(len(unique), dtype=bool)
+        np.logical_and.at(all_, index, flat)
+        return any_, all_
+
+    row_of_word = np.unique(np.arange(n_rows)[:, None] * (width + 1) + word_ids) // (width + 1)
+    word_length = np.bincount(
+        np.unique(np.arange(n_rows)[:, None] * (width + 1) + word_ids, return_inverse=True)[1].reshape(-1)
+    )
+    # ours: each row's budget met exactly (19 of 128); transformers': 15 % of the words, so of the pieces
+    assert (ours.selected.sum(1) == round(0.15 * width)).all()
+    row_shares = theirs.mean(1)
+    assert agree(row_shares.mean(), 0.15, row_shares.std() / math.sqrt(n_rows)), row_shares.mean()
+    for name, selected, cut_at_most in (("ours", ours.selected.numpy(), 1), ("transformers", theirs, 0)):
+        touched, whole = words(selected)
+        cut_per_row = np.bincount(row_of_word[touched & ~whole], minlength=n_rows)
+        assert cut_per_row.max() <= cut_at_most, name  # ours: the row's last word, at the budget
+        picked = word_length[touched]
+        error = math.sqrt(picked.var() / len(picked) + word_length.var() / len(word_length))
+        assert agree(picked.mean(), word_length.mean(), error), (name, picked.mean(), word_length.mean())

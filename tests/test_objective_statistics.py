@@ -48,22 +48,29 @@ def shares(
     }
 
 
-def test_bert_masking_is_the_stated_split_and_transformers_collators() -> None:
-    """15 % of the tokens selected, each independently; of those 80 % [MASK], 10 % a random token,
-    10 % kept (a random token equal to the original counts as kept), as BERT states and transformers'
-    collator draws it, on the same 10,000 rows of 128 tokens."""
+def tokenizer(transformers):
+    """A fast tokenizer over the test's ids (t0 … t999) with BERT's [MASK] and [UNK] at ours: what
+    transformers' collators read the mask id and the vocabulary's size from."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
 
-    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
     vocab = {f"t{i}": i for i in range(VOCAB)} | {"[MASK]": SPECIAL.mask, "[UNK]": SPECIAL.unk}
     vocab.pop(f"t{SPECIAL.mask}"), vocab.pop(f"t{SPECIAL.unk}")
-    tokenizer = transformers.PreTrainedTokenizerFast(
+    return transformers.PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="[UNK]")),
         mask_token="[MASK]",
         unk_token="[UNK]",
     )
-    collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, seed=1)
+
+
+def test_bert_masking_is_the_stated_split_and_transformers_collators() -> None:
+    """15 % of the tokens selected, each independently; of those 80 % [MASK], 10 % a random token,
+    10 % kept (a random token equal to the original counts as kept), as BERT states and transformers'
+    collator draws it, on the same 10,000 rows of 128 tokens."""
+    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    collator = transformers.DataCollatorForLanguageModeling(
+        tokenizer(transformers), mlm_probability=0.15, seed=1
+    )
     tokens = rows(10_000, 128)
     ours = mask_tokens(tokens, torch.Generator().manual_seed(0), VOCAB)
     theirs, labels = collator.torch_mask_tokens(tokens.clone(), special_tokens_mask=torch.zeros_like(tokens))
@@ -195,9 +202,6 @@ def test_whole_word_masking_masks_words_as_transformers_collator_does() -> None:
     a selected word but where ours cuts its row's last word at the budget, and pick words of every
     length alike (the selected words' mean length is the text's). Ours then masks, replaces or keeps
     each word whole 80/10/10 as SpanBERT does; transformers' collator masks every selected piece."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-
     transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
     generator = np.random.default_rng(3)
     n_rows, width = 2_000, 128
@@ -219,15 +223,8 @@ def test_whole_word_masking_masks_words_as_transformers_collator_does() -> None:
     word_ids = np.cumsum(begins, axis=1)
 
     ours = mask_spans(tokens, table, torch.Generator().manual_seed(0), VOCAB, 0.15, [1.0], 0.8, 0.1)
-    vocab = {f"t{i}": i for i in range(VOCAB)} | {"[MASK]": SPECIAL.mask, "[UNK]": SPECIAL.unk}
-    vocab.pop(f"t{SPECIAL.mask}"), vocab.pop(f"t{SPECIAL.unk}")
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="[UNK]")),
-        mask_token="[MASK]",
-        unk_token="[UNK]",
-    )
     collator = transformers.DataCollatorForLanguageModeling(
-        tokenizer, mlm_probability=0.15, whole_word_mask=True, seed=1
+        tokenizer(transformers), mlm_probability=0.15, whole_word_mask=True, seed=1
     )
     ends = np.cumsum(1 + begins, axis=1)  # each piece one character, a space before each word
     offsets = np.stack([ends - 1, ends], axis=-1)
@@ -236,21 +233,18 @@ def test_whole_word_masking_masks_words_as_transformers_collator_does() -> None:
     )
     theirs = (labels != -100).numpy()
 
+    # each (row, word) one index: its pieces' counts are the words' lengths
+    keys = np.arange(n_rows)[:, None] * (width + 1) + word_ids
+    unique, index = np.unique(keys.reshape(-1), return_inverse=True)
+    row_of_word, word_length = unique // (width + 1), np.bincount(index)
+
     def words(selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per (row, word): whether any of its pieces is selected, and whether all are."""
-        keys = np.arange(n_rows)[:, None] * (width + 1) + word_ids
-        flat_keys, flat = keys.reshape(-1), selected.reshape(-1)
-        unique, index = np.unique(flat_keys, return_inverse=True)
-        any_ = np.zeros(len(unique), dtype=bool)
-        np.logical_or.at(any_, index, flat)
-        all_ = np.ones(len(unique), dtype=bool)
-        np.logical_and.at(all_, index, flat)
+        any_, all_ = np.zeros(len(unique), dtype=bool), np.ones(len(unique), dtype=bool)
+        np.logical_or.at(any_, index, selected.reshape(-1))
+        np.logical_and.at(all_, index, selected.reshape(-1))
         return any_, all_
 
-    row_of_word = np.unique(np.arange(n_rows)[:, None] * (width + 1) + word_ids) // (width + 1)
-    word_length = np.bincount(
-        np.unique(np.arange(n_rows)[:, None] * (width + 1) + word_ids, return_inverse=True)[1].reshape(-1)
-    )
     # ours: each row's budget met exactly (19 of 128); transformers': 15 % of the words, so of the pieces
     assert (ours.selected.sum(1) == round(0.15 * width)).all()
     row_shares = theirs.mean(1)

@@ -38,6 +38,12 @@ def segment_pairs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.randint(0, 2, (ROWS,), generator=generator)
 
 
+def post_ln_encoder(**changes) -> ModelConfig:
+    """A small encoder in BERT's form (post-LN, its LayerNorm ε), with `changes`."""
+    base = dict(arch="encoder", vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_len=LENGTH)
+    return ModelConfig(**(base | {"norm_position": "post", "norm_eps": 1e-12} | changes))
+
+
 def pretrain_module(cfg: ModelConfig, train) -> PretrainModule:
     """Ours, seeded, in evaluation mode, every weight drawn wider than the initialisation: at its std
     0.02 the attention is near uniform whatever its logits, and biases and norms start at 0 and 1,
@@ -104,19 +110,7 @@ def bert_for_pretraining(module: PretrainModule) -> torch.nn.Module:
 def test_bert_computes_what_bert_for_pretraining_does() -> None:
     """BERT's masked LM with next-sentence prediction on segment pairs: post-LN blocks, segment
     embeddings, the prediction head's transform and bias, the pooler and the NSP classifier."""
-    cfg = ModelConfig(
-        arch="encoder",
-        vocab_size=VOCAB,
-        d_model=64,
-        n_layers=2,
-        n_heads=4,
-        d_ff=128,
-        max_len=LENGTH,
-        norm_position="post",
-        segment_embeddings=True,
-        lm_head="transform",
-        norm_eps=1e-12,
-    )
+    cfg = post_ln_encoder(segment_embeddings=True, lm_head="transform")
     objectives = objectives_params({"mlm": {"pair_loss": "nsp"}})
     params = PretrainParams(seq_len=LENGTH, batch_size=ROWS, input_format="segment_pair")
     train = train_config("encoder", "mlm", params, objectives, 0)
@@ -212,20 +206,8 @@ def albert_for_pretraining(module: PretrainModule) -> torch.nn.Module:
 def test_albert_computes_what_albert_for_pretraining_does() -> None:
     """ALBERT's masked LM with sentence-order prediction: factorized embeddings (E 32 of H 64), every
     layer one shared block, post-LN, its prediction head at E, the pooler and the SOP classifier."""
-    cfg = ModelConfig(
-        arch="encoder",
-        vocab_size=VOCAB,
-        d_model=64,
-        n_layers=3,
-        n_heads=4,
-        d_ff=128,
-        max_len=LENGTH,
-        norm_position="post",
-        segment_embeddings=True,
-        embedding_size=32,
-        share_layers="all",
-        lm_head="transform",
-        norm_eps=1e-12,
+    cfg = post_ln_encoder(
+        n_layers=3, segment_embeddings=True, embedding_size=32, share_layers="all", lm_head="transform"
     )
     objectives = objectives_params({"mlm": {"pair_loss": "sop"}})
     params = PretrainParams(seq_len=LENGTH, batch_size=ROWS, input_format="segment_pair")
@@ -478,18 +460,7 @@ def test_electra_computes_what_electra_for_pretraining_does(embedding_size: int 
     discriminator's width on its embeddings and their LayerNorm, ELECTRA's generator head; the
     generator's masked-LM loss, its samples (the same uniforms on the reference's logits), the
     discriminator's logits and detection loss, and their sum with λ 50."""
-    cfg = ModelConfig(
-        arch="encoder",
-        vocab_size=VOCAB,
-        d_model=64,
-        n_layers=2,
-        n_heads=4,
-        d_ff=128,
-        max_len=LENGTH,
-        norm_position="post",
-        embedding_size=embedding_size,
-        norm_eps=1e-12,
-    )
+    cfg = post_ln_encoder(embedding_size=embedding_size)
     params = PretrainParams(seq_len=LENGTH, batch_size=ROWS)
     train = train_config("encoder", "electra", params, objectives_params(), 0)
     module = pretrain_module(cfg, train)

@@ -51,6 +51,7 @@ from flows.sweep import (
     command_line,
     png,
     point_overrides,
+    point_params,
     points_at_once,
     set_overrides,
     text,
@@ -587,7 +588,7 @@ def ablation(
     overrides, _, compute = plan.at_equal_flops(overrides, validated)
 
     points_planned = [
-        (point, point_overrides_, {f"param.{key}": text(value) for key, value in point.items()})
+        (point, point_overrides_, {f"param.{key}": value for key, value in point_params(point).items()})
         for point, point_overrides_ in zip(values, overrides, strict=True)
     ]
     tags = {"preset": preset or ""}
@@ -615,7 +616,7 @@ def ablation(
             if isinstance(value, int | float)
         }
         metrics["duration_s"] = results[point.index]["seconds"]
-        sweep.finish_point(point, metrics, {k: text(v) for k, v in point.values.items()})
+        sweep.finish_point(point, metrics, point_params(point.values))
 
     seed = int(sweep.params.get("seed", 0))
     table = comparison(points, results, swept, points[base], seed, plan.paper())

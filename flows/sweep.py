@@ -239,7 +239,7 @@ def putting(key: str, value: Any, present: bool) -> list[str]:
 
 def setting(key: str, value: Any, params: Mapping[str, Any]) -> list[str]:
     """`key: value` as DVC's -S overrides; a mapping replaces the mapping that `params` has at `key`."""
-    bare, node = key.lstrip("+"), params
+    bare, node = params_key(key), params
     for part in bare.split("."):
         node = node.get(part) if isinstance(node, Mapping) else None
     if isinstance(value, Mapping) and isinstance(node, Mapping):
@@ -254,9 +254,9 @@ def check_not_shadowed(
     `models.<name>.pretrain` sets that key would train unchanged, and the sweep would read a row of
     noise as the key's effect."""
     models = params.get(MODELS_KEY) or {}
-    keys = [key.lstrip("+") for key in point]
+    keys = [params_key(key) for key in point]
     for key in point:
-        section, _, field = key.lstrip("+").partition(".")
+        section, _, field = params_key(key).partition(".")
         if section != "pretrain" or not field:
             continue
         field = field.split(".")[0]
@@ -274,6 +274,16 @@ def text(value: Any) -> str:
     """A point's value as its MLflow param, tag and table cell show it (a point's own models: their
     names)."""
     return ",".join(map(str, value)) if isinstance(value, list | Mapping) else str(value)
+
+
+def params_key(key: str) -> str:
+    """The dotted params key a grid key sets: `++key` adds a key params.yaml lacks, the same key."""
+    return key.lstrip("+")
+
+
+def point_params(point: Mapping[str, Any]) -> dict[str, str]:
+    """A point's values as its MLflow params, by params key (MLflow refuses a `+` in a name)."""
+    return {params_key(key): text(value) for key, value in point.items()}
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,30 @@ def test_a_point_may_set_a_key_that_only_its_profile_has(tmp_path: Path) -> None
     )
 
 
+def test_a_point_that_adds_a_key_logs_it_to_mlflow_by_its_params_key(tmp_path: Path) -> None:
+    """`++key` adds a key params.yaml lacks (span_density's rows widen max_len so): the point's MLflow
+    params and tags name the key without the `++`, which MLflow refuses in a name."""
+    from flows.sweep import point_params
+    from lmpipe.tracking import FlowTracking
+
+    point = {
+        "models": ["encdec_span"],
+        "objectives.span.noise_density": 0.5,
+        "++models.encdec_span.max_len": 182,
+    }
+    assert point_params(point) == {
+        "models": "encdec_span",
+        "objectives.span.noise_density": "0.5",
+        "models.encdec_span.max_len": "182",
+    }
+    tracking = FlowTracking(tmp_path, "grid")
+    run = tracking.start("grid-1", {f"param.{key}": value for key, value in point_params(point).items()})
+    tracking.log(run, {"duration_s": 1.0}, point_params(point))
+    logged = tracking.client.get_run(run).data
+    assert logged.params["models.encdec_span.max_len"] == "182"
+    assert logged.tags["param.models.encdec_span.max_len"] == "182"
+
+
 def test_a_point_may_define_its_own_models_from_those_of_its_params(tmp_path: Path) -> None:
     """`models: {name: {"from": <model>, ...}}`: the point trains these alone, each the named model's
     fields (its size on the profile) with the given ones changed, with that model's fine-tuning values."""

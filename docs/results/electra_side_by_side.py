@@ -9,7 +9,8 @@ generator's masked-LM accuracy on fixed validation batches, one CSV row per mode
 
 `--tokens` is a pack stage's output (meta.json, train.bin, val.bin). The reference needs ELECTRA's
 form (post-LN, learned positions, ELECTRA's generator head); `--no-reference` trains ours alone, in
-any form (`norm_position: pre`, say). The research log (docs/results/) says which runs were made."""
+any form (`norm_position: pre`, `positions: rope`, say). The research log (docs/results/) says which
+runs were made."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class Recipe:
 
     preset: str = "tiny"
     norm_position: str = "post"
+    positions: str = "learned"
     embedding_size: int | None = None
     dropout: float = 0.0
     batch_size: int = 32
@@ -163,6 +165,7 @@ def run(recipe: Recipe, tokens_dir: Path, steps: int, every: int, reference: boo
         vocab_size=meta["vocab_size"],
         **(PRESETS[recipe.preset] | {"max_len": recipe.seq_len}),
         norm_position=recipe.norm_position,
+        positions=recipe.positions,
         embedding_size=recipe.embedding_size,
         dropout=recipe.dropout,
         norm_eps=1e-12 if recipe.norm_position == "post" else 1e-5,

@@ -10,10 +10,11 @@ from collections import Counter
 import pytest
 import torch
 
-from lmpipe.params.pretrain import PretrainParams, PretrainSections, objectives_params
+from lmpipe.params.pretrain import PretrainParams, PretrainSections, longest_read, objectives_params
 from lmpipe.params.schema import parse
 from lmpipe.pretraining import train_config
 from lmpipe.runtime import StageError
+from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
 from models.lightning import PretrainModule, make_batch
@@ -72,6 +73,24 @@ def test_a_mixture_trains_and_its_flops_are_its_components_by_share(arch: str, o
         arch, parts[0][1].name, PretrainParams(seq_len=24, batch_size=4), objectives_params(), 1
     )
     assert count_step_flops(model, train) != count_step_flops(model, one)
+
+
+@pytest.mark.parametrize(("arch", "objective"), [("prefix_lm", "unilm"), ("encoder_decoder", "ul2")])
+@pytest.mark.parametrize("seq_len", [64, 128, 512])
+def test_no_component_makes_a_row_wider_than_the_max_len_it_was_checked_against(
+    arch: str, objective: str, seq_len: int
+) -> None:
+    """UL2's x_64 at 15 % made 129 input tokens at seq_len 128 (T5's length helper counts no span where
+    its mask makes one), and the pretraining stage crashed at the first such batch."""
+    train = train_config(
+        arch, objective, PretrainParams(seq_len=seq_len, batch_size=2), objectives_params(), 1
+    )
+    widest = longest_read(arch, objective, seq_len, train.objective_args)
+    for _, component, own in OBJECTIVES[objective].components(train.objective_args):
+        pair = component.pair(rows(2, component.row_length(seq_len, own)), own, batch_generator(1, 0), V)
+        batch = ARCHITECTURES[arch].batch(pair)
+        read = [batch[key].shape[1] for key in ("input_ids", "decoder_input_ids") if key in batch]
+        assert max(read) <= widest, (component.name, own, read, widest)
 
 
 @pytest.mark.parametrize(

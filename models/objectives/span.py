@@ -14,6 +14,7 @@ from models.objectives.noise import (
     noise_count,
     noise_mask,
     replace_spans,
+    span_counts,
     stacked,
     with_eos,
 )
@@ -29,11 +30,12 @@ def span_corruption_lengths(
     inputs_length: int, noise_density: float, mean_noise_span_length: float
 ) -> tuple[int, int]:
     """(raw tokens length, targets length) so that corrupted inputs are exactly `inputs_length` (T5's
-    compute_input_and_target_lengths; EOS counted on both sides)."""
+    compute_input_and_target_lengths; EOS counted on both sides). The spans are counted as the mask
+    counts them (at least one: T5's helper rounds 22 noise tokens in spans of 64 to none, one more
+    input token than its mask then makes)."""
 
     def lengths(raw: int) -> tuple[int, int]:
-        num_noise = int(round(raw * noise_density))
-        num_spans = int(round(num_noise / mean_noise_span_length))
+        num_noise, num_spans = span_counts(raw, noise_density, mean_noise_span_length)
         return raw - num_noise + num_spans + 1, num_noise + num_spans + 1
 
     raw = inputs_length

@@ -1,15 +1,21 @@
 """ELECTRA: the generator's samples replace the masked tokens (seeded, no gradient through them), a
 token is labelled replaced only where it differs, both losses train, the FLOPs count includes the
-generator, and bad params are one line naming the key."""
+generator, bad params are one line naming the key, and under its default recipe a tiny
+discriminator keeps detecting real text."""
 
 from __future__ import annotations
 
+import copy
+import json
+
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from lmpipe.params.pretrain import PretrainParams, objectives_params
+from lmpipe.params.project import parse_params
 from lmpipe.pretraining import summarise, train_config
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
@@ -19,6 +25,7 @@ from models.objectives.electra import collapse_measures, generator_config, repla
 from models.special import SPECIAL
 from tests.test_pairs import assert_learns
 from tests.test_params import assert_params_error
+from tests.workdir import DEFAULT_PARAMS, Workdir
 
 MODEL = ModelConfig(arch="encoder", vocab_size=1000, d_model=64, n_layers=2, n_heads=4, d_ff=160, max_len=64)
 
@@ -193,3 +200,62 @@ def test_the_same_batch_and_seed_give_the_same_step() -> None:
 )
 def test_bad_electra_params_are_one_line_naming_the_key(changes: dict, expected: str) -> None:
     assert_params_error(changes, expected)
+
+
+class AucAtEachValidation(L.Callback):
+    def __init__(self) -> None:
+        self.auc: dict[int, float] = {}
+
+    def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.auc[trainer.global_step] = float(trainer.callback_metrics["val/replaced_auc"])
+
+
+@pytest.mark.slow
+def test_the_default_recipe_keeps_a_tiny_discriminator_detecting_real_text(real_pipeline: Workdir) -> None:
+    """ELECTRA's default recipe (its objective's lr, 5e-5, on the pretrain section's schedule) at tiny
+    size on real text: the discriminator's ROC AUC stays >= 0.75 from step 200 through 800 (measured
+    0.79-0.84 on the 8 MB corpus, 2-core AMD EPYC Zen 4). At the masked LM's lr, 1e-3, the same run
+    collapses to 0.53-0.61 by step 200 (the research log of 2026-12-02, last entry)."""
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["models"] = {"electra": {"arch": "encoder", "objective": "electra", "preset": "tiny"}}
+    raw["pretrain"] |= {"seq_len": 64, "batch_size": 8, "max_steps": 800, "val_batches": 4}
+    params = parse_params(raw)
+    run = params.pretrain_of("electra")
+    assert params.pretrain_key("electra", "lr") == "objectives.electra.lr"
+    train = train_config("encoder", "electra", run, params.objectives, params.seed)
+    path = real_pipeline.path
+    meta = json.loads((path / "data/tokens/meta.json").read_text())
+
+    def batches(split: str, count: int, seed: int) -> list[dict[str, torch.Tensor]]:
+        tokens = np.memmap(path / f"data/tokens/{split}.bin", dtype=meta["dtype"], mode="r")
+        made = []
+        for index in range(count):
+            generator = batch_generator(seed, index)
+            starts = torch.randint(0, len(tokens) - run.seq_len, (run.batch_size,), generator=generator)
+            rows = np.stack([tokens[s : s + run.seq_len] for s in starts.numpy()]).astype(np.int64)
+            made.append(make_batch(torch.from_numpy(rows), train, generator, meta["vocab_size"]))
+        return made
+
+    torch.manual_seed(params.seed)
+    model = params.models["electra"].config(meta["vocab_size"])
+    module = PretrainModule(model.to_dict(), train.__dict__)
+    measured = AucAtEachValidation()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=run.max_steps,
+        val_check_interval=100,
+        check_val_every_n_epoch=None,
+        gradient_clip_val=run.grad_clip,
+        callbacks=[measured],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(
+        module,
+        DataLoader(batches("train", run.max_steps, params.seed), batch_size=None),
+        DataLoader(batches("val", run.val_batches, 7), batch_size=None),
+    )
+    late = {step: auc for step, auc in measured.auc.items() if step >= 200}
+    assert sorted(late) == list(range(200, 801, 100)) and min(late.values()) >= 0.75, measured.auc

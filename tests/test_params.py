@@ -144,6 +144,30 @@ def test_a_model_can_have_its_own_pretrain_values() -> None:
     )
 
 
+def test_an_electra_model_trains_at_its_objectives_lr_unless_it_sets_its_own() -> None:
+    import copy
+
+    raw = copy.deepcopy(DEFAULT_PARAMS)
+    raw["models"]["electra"] = {"arch": "encoder", "objective": "electra", "preset": "tiny"}
+    params = parse_params(raw)
+    assert params.pretrain_of("electra").lr == raw["objectives"]["electra"]["lr"] != raw["pretrain"]["lr"]
+    assert params.pretrain_key("electra", "lr") == "objectives.electra.lr"
+    assert params.pretrain_of("encoder_mlm").lr == raw["pretrain"]["lr"]
+    raw["models"]["electra"]["pretrain"] = {"lr": 3e-4}
+    params = parse_params(raw)
+    assert (params.pretrain_of("electra").lr, params.pretrain_key("electra", "lr")) == (
+        3e-4,
+        "models.electra.pretrain.lr",
+    )
+    del raw["models"]["electra"]["pretrain"]
+    raw["objectives"]["electra"]["lr"] = None
+    params = parse_params(raw)
+    assert (params.pretrain_of("electra").lr, params.pretrain_key("electra", "lr")) == (
+        raw["pretrain"]["lr"],
+        "pretrain.lr",
+    )
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [

@@ -42,14 +42,16 @@ CARDS = (
         differences=(
             "an ELECTRA row's `final train loss` is the generator's loss plus 50 × the detection loss, "
             "not the masked LM's quantity",
-            "ELECTRA's own recipe (post-LN, Adam β₂ 0.999, 10,000 warm-up steps) is not this preset's: "
-            "the rows train on the profile's; the generator's head is ELECTRA's",
-            "on `real-cpu` (the small encoder, 30 and 60 CPU-minutes) and at tiny size the discriminator "
-            "collapses to its prior within about 150 steps (`val/replaced_auc` back to 0.55), at tiny size "
-            "as transformers' ELECTRA does from the same weights, under every recipe tried with learned "
-            "positions; with rotary positions it climbs back to 0.70 and holds through 1,500 steps at tiny "
-            "size (research logs, 2026-11-30 and 2026-12-02): these rows, on learned positions, measure "
-            "ELECTRA whose discriminator has not learned the context its task needs",
+            "the ELECTRA rows train at their objective's lr, `objectives.electra.lr` 5e-5, the masked LM's "
+            "row at the profile's (1e-3 on `real-cpu`): at 1e-3 the discriminator collapses to its prior "
+            "within about 200 steps (`val/replaced_auc` back to 0.55, the states one vector), at tiny size "
+            "as transformers' ELECTRA does from the same weights; at 5e-5 it keeps detecting (AUC 0.79-0.85 "
+            "through 1,000 tiny steps of 8 × 64, 0.81-0.85 through 750 of 32 × 128; research log, "
+            "2026-12-02, last entry). ELECTRA-Small's own recipe (lr 5e-4 at batch 128, Adam β₂ 0.999, "
+            "10,000 warm-up steps) is not this preset's: the rows train on the profile's schedule",
+            "whether the discriminator keeps detecting over the whole `real-cpu` budget at `small` size is "
+            "not yet measured: at tiny size and 32 × 128 its AUC falls to 0.70 by step 1,000, as the "
+            "generator's samples start to use context",
         ),
     ),
 )

@@ -141,13 +141,28 @@ class PretrainSections(ModelsSections):
     def _objectives(cls, sections: Any) -> Strict:
         return objectives_params(sections)
 
+    def objective_recipe(self, model: str) -> dict[str, Any]:
+        """The pretrain values `model`'s objective sets for it (ELECTRA's lr), under its own."""
+        objective = self.models[model].objective
+        lr = getattr(getattr(self.objectives, objective), "lr", None)
+        return {} if lr is None else {"lr": lr}
+
     def pretrain_of(self, model: str) -> PretrainParams:
-        """The pretrain section as it applies to `model`: its `models.<model>.pretrain` values on top."""
-        return PretrainParams.model_validate({**self.pretrain.model_dump(), **self.models[model].pretrain})
+        """The pretrain section as it applies to `model`: its objective's recipe (`objective_recipe`) and
+        its own `models.<model>.pretrain` values on top."""
+        own = self.models[model].pretrain
+        return PretrainParams.model_validate(
+            {**self.pretrain.model_dump(), **self.objective_recipe(model), **own}
+        )
 
     def pretrain_key(self, model: str, key: str) -> str:
-        """The dotted key that sets `key` for `model`: its own `models.<model>.pretrain` or the section's."""
-        return f"models.{model}.pretrain.{key}" if key in self.models[model].pretrain else f"pretrain.{key}"
+        """The dotted key that sets `key` for `model`: its own `models.<model>.pretrain`, its objective's
+        or the section's."""
+        if key in self.models[model].pretrain:
+            return f"models.{model}.pretrain.{key}"
+        if key in self.objective_recipe(model):
+            return f"objectives.{self.models[model].objective}.{key}"
+        return f"pretrain.{key}"
 
     @model_validator(mode="after")
     def _pretrain_overrides(self) -> PretrainSections:

@@ -40,6 +40,8 @@ class ObjectiveParams:
         hints = get_type_hints(type(self))
         for spec in fields(self):
             value, bounds = getattr(self, spec.name), spec.metadata
+            if value is None:  # an optional field left unset: no bound applies
+                continue
             if get_origin(hints[spec.name]) is Literal and value not in get_args(hints[spec.name]):
                 raise ValueError(
                     f"{spec.name}: {value!r} is not one of {', '.join(get_args(hints[spec.name]))}"

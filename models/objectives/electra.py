@@ -49,6 +49,15 @@ class ElectraParams(ObjectiveParams):
     discriminator_weight: float = field(
         default=50.0, metadata={"gt": 0.0, "description": "λ of the discriminator's loss (ELECTRA: 50)"}
     )
+    lr: float | None = field(
+        default=5e-5,
+        metadata={
+            "gt": 0.0,
+            "description": "an ELECTRA model's pretraining learning rate, in place of pretrain.lr (a "
+            "model's own models.<name>.pretrain.lr wins; null: pretrain.lr). Above about 5e-5 the "
+            "discriminator of a small model collapses to its prior (docs/models.md)",
+        },
+    )
 
 
 def generator_config(model: ModelConfig, width: float) -> ModelConfig:

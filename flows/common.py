@@ -197,12 +197,20 @@ _MISSING_DIRECTORY = re.compile(
 )
 
 
+# the last line of a Python traceback: what a stage that crashed (no `error:` line of its own) raised
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): .+")
+
+
 def error_line(text: str) -> str:
     """What went wrong in a command's output: the last line a stage printed as `error: …` (its
-    one-line message, which DVC follows with its own `failed to reproduce`), else the last line;
-    with the cause and the way out where DVC's message gives neither."""
+    one-line message, which DVC follows with its own `failed to reproduce`), else the last line, with
+    what a crashed stage raised beside it; with the cause and the way out where DVC's message gives
+    neither."""
     errors = [line.strip() for line in text.splitlines() if line.startswith("error: ")]
     line = errors[-1] if errors else last_line(text)
+    raised = [found.strip() for found in text.splitlines() if _RAISED.match(found.strip())]
+    if not errors and raised and raised[-1] != line:
+        line += f" ({raised[-1]})"
     if missing := _MISSING_DIRECTORY.search(line):
         path = "/".join(re.findall(r"'([^']*)'", missing.group(1)))  # ('data', 'glue') -> data/glue
         line += (

@@ -612,3 +612,21 @@ def test_a_sweep_run_again_by_its_name_goes_on_from_the_run_cache(
     statuses = {run.info.run_id: run.info.status for run in runs}
     assert statuses.pop(stopped.info.run_id) == statuses.pop(stopped_point.info.run_id) == "KILLED"
     assert set(statuses.values()) == {"FINISHED"} and len(statuses) == 6  # two parents of 3 runs each
+
+
+def test_a_crashed_stages_error_line_says_what_it_raised() -> None:
+    """A stage that crashes prints no `error:` line: the point's failure names what it raised (UL2's
+    129-token batch said only `exited with 1`)."""
+    crashed = (
+        "Traceback (most recent call last):\n"
+        '  File "models/transformer.py", line 372, in embeddings\n'
+        "ValueError: sequence of 129 tokens exceeds max_len=128\n"
+        "ERROR: failed to reproduce 'pretrain@ul2': failed to run: python -m stages.pretrain ul2, "
+        "exited with 1\n"
+    )
+    assert error_line(crashed) == (
+        "ERROR: failed to reproduce 'pretrain@ul2': failed to run: python -m stages.pretrain ul2, exited "
+        "with 1 (ValueError: sequence of 129 tokens exceeds max_len=128)"
+    )
+    said = "error: params.yaml: pretrain.lr: must be > 0\nERROR: failed to reproduce 'pretrain@m'\n"
+    assert error_line(said) == "error: params.yaml: pretrain.lr: must be > 0"

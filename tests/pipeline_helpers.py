@@ -1,11 +1,14 @@
-"""Run the data stages in-process in a directory (shared by the tokenizer and pack tests)."""
+"""Run the data stages in-process in a directory (shared by the tokenizer and pack tests), and draw
+batches from their packed tokens."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.workdir import Workdir
 
@@ -53,3 +56,25 @@ def prepared(path: Path, corpus_dir: Path | None, **overrides: object) -> Workdi
         workdir.set(dotted.replace("__", "."), value)
     run_stages(workdir, *(["sample"] if corpus_dir is None else []), "ingest", "clean", "tokenizer", "pack")
     return workdir
+
+
+def packed_batches(
+    project: Path, split: str, train: Any, batch_size: int, count: int, seed: int, pieces: Any = None
+) -> list[dict[str, Any]]:
+    """`count` batches of `train`'s objective from a packed split: each one's windows (at the
+    objective's row length) and noise drawn by its own seeded stream, as pretraining draws them."""
+    import numpy as np
+    import torch
+
+    from models.lightning import make_batch
+    from models.objectives.base import batch_generator
+
+    meta = json.loads((project / "data/tokens/meta.json").read_text())
+    tokens = np.memmap(project / f"data/tokens/{split}.bin", dtype=meta["dtype"], mode="r")
+    length, made = train.row_length(), []
+    for index in range(count):
+        generator = batch_generator(seed, index)
+        starts = torch.randint(0, len(tokens) - length, (batch_size,), generator=generator).numpy()
+        rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
+        made.append(make_batch(rows, train, generator, meta["vocab_size"], pieces=pieces))
+    return made

@@ -9,7 +9,6 @@ import copy
 import json
 
 import lightning as L
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -23,6 +22,7 @@ from models.lightning import PretrainModule, make_batch
 from models.objectives.base import batch_generator
 from models.objectives.electra import collapse_measures, generator_config, replace_tokens
 from models.special import SPECIAL
+from tests.pipeline_helpers import packed_batches
 from tests.test_pairs import assert_learns
 from tests.test_params import assert_params_error
 from tests.workdir import DEFAULT_PARAMS, Workdir
@@ -224,20 +224,9 @@ def test_the_default_recipe_keeps_a_tiny_discriminator_detecting_real_text(real_
     assert params.pretrain_key("electra", "lr") == "objectives.electra.lr"
     train = train_config("encoder", "electra", run, params.objectives, params.seed)
     path = real_pipeline.path
-    meta = json.loads((path / "data/tokens/meta.json").read_text())
-
-    def batches(split: str, count: int, seed: int) -> list[dict[str, torch.Tensor]]:
-        tokens = np.memmap(path / f"data/tokens/{split}.bin", dtype=meta["dtype"], mode="r")
-        made = []
-        for index in range(count):
-            generator = batch_generator(seed, index)
-            starts = torch.randint(0, len(tokens) - run.seq_len, (run.batch_size,), generator=generator)
-            rows = np.stack([tokens[s : s + run.seq_len] for s in starts.numpy()]).astype(np.int64)
-            made.append(make_batch(torch.from_numpy(rows), train, generator, meta["vocab_size"]))
-        return made
-
+    vocab_size = json.loads((path / "data/tokens/meta.json").read_text())["vocab_size"]
     torch.manual_seed(params.seed)
-    model = params.models["electra"].config(meta["vocab_size"])
+    model = params.models["electra"].config(vocab_size)
     module = PretrainModule(model.to_dict(), train.__dict__)
     measured = AucAtEachValidation()
     trainer = L.Trainer(
@@ -254,8 +243,10 @@ def test_the_default_recipe_keeps_a_tiny_discriminator_detecting_real_text(real_
     )
     trainer.fit(
         module,
-        DataLoader(batches("train", run.max_steps, params.seed), batch_size=None),
-        DataLoader(batches("val", run.val_batches, 7), batch_size=None),
+        DataLoader(
+            packed_batches(path, "train", train, run.batch_size, run.max_steps, params.seed), batch_size=None
+        ),
+        DataLoader(packed_batches(path, "val", train, run.batch_size, run.val_batches, 7), batch_size=None),
     )
     late = {step: auc for step, auc in measured.auc.items() if step >= 200}
     assert sorted(late) == list(range(200, 801, 100)) and min(late.values()) >= 0.75, measured.auc

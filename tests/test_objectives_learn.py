@@ -18,10 +18,10 @@ import torch
 from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import PRESETS, ModelConfig
-from models.lightning import PretrainModule, make_batch
+from models.lightning import PretrainModule
 from models.objectives import OBJECTIVES
-from models.objectives.base import batch_generator
 from models.pieces import piece_tables
+from tests.pipeline_helpers import packed_batches
 from tests.workdir import Workdir
 
 STEPS, BATCH, SEQ_LEN = 300, 8, 32
@@ -72,19 +72,8 @@ def test_each_objective_learns_the_sample_corpus(sample_pipeline: Workdir, objec
     pieces = piece_tables(
         path / "data/tokenizer/spm.model", [n for _, o, a in parts for n in o.piece_tables(a)]
     )
-    length = train.row_length()
-
-    def batches(split: str, count: int, seed: int) -> list[dict[str, torch.Tensor]]:
-        tokens = np.memmap(path / f"data/tokens/{split}.bin", dtype=meta["dtype"], mode="r")
-        out = []
-        for i in range(count):
-            generator = batch_generator(seed, i)
-            starts = torch.randint(0, len(tokens) - length, (BATCH,), generator=generator).numpy()
-            rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
-            out.append(make_batch(rows, train, generator, meta["vocab_size"], pieces=pieces))
-        return out
-
-    held_out, steps = batches("val", VALIDATION, 7), batches("train", STEPS, 3)
+    held_out = packed_batches(path, "val", train, BATCH, VALIDATION, 7, pieces)
+    steps = packed_batches(path, "train", train, BATCH, STEPS, 3, pieces)
     torch.manual_seed(0)
     module = PretrainModule(model.to_dict(), train.__dict__)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, weight_decay=0.01)

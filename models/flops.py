@@ -10,6 +10,8 @@ Shared layers (ALBERT) cost what unshared ones do. Both count matmuls only, so t
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
@@ -66,7 +68,18 @@ def example_batch(train: TrainConfig, objective: Objective, args: Args) -> dict[
 
 def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     """FLOPs of one micro-batch's forward and backward pass, as FlopCounterMode counts them (a
-    mixture's: each component's by its share)."""
+    mixture's: each component's by its share). Shapes alone set them, so each pair is counted once
+    per process: planning an equal-FLOPs sweep asks for its ★ row's at every point."""
+    key = (model, json.dumps(train.__dict__, sort_keys=True, default=str))
+    if key not in _COUNTED:
+        _COUNTED[key] = _count_step_flops(model, train)
+    return _COUNTED[key]
+
+
+_COUNTED: dict[tuple[ModelConfig, str], int] = {}
+
+
+def _count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     with torch.device("meta"):
         module = PretrainModule(model.to_dict(), train.__dict__)
     total = 0.0

@@ -45,11 +45,14 @@ def test_every_card_names_its_table_and_its_rows_validate_on_every_profile(tmp_p
     on_profiles |= {
         name: profiles.overrides(name, str(tmp_path), str(tmp_path)) for name in profiles.available()
     }
+    applied = {
+        profile: profiles.applied(ROOT, on_profile, profile) for profile, on_profile in on_profiles.items()
+    }
     for card in CARDS.values():
         assert re.search(r"\(.+, (19|20)\d\d\)", card.paper), card.paper
         assert card.table and card.metric and card.figures_from and card.compares, card.preset
         for profile, on_profile in on_profiles.items():
-            params = profiles.applied(ROOT, on_profile, profile)
+            params = applied[profile]
             rows = card.rows_on(params)
             assert len({row.name for row in rows}) == len(rows) and sum(row.star for row in rows) == 1
             plan = planned(card.preset, None, params)

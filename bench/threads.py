@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from flows.plan import cpu_name  # noqa: E402
 
 TRAIN = """
 import sys, torch
@@ -59,13 +61,6 @@ def wall(processes: int, threads: int | None, steps: int) -> float:
     return time.perf_counter() - started
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--processes", type=int, default=2)
@@ -75,7 +70,7 @@ def main() -> None:
     share = max(1, cores // args.processes)
     default = wall(args.processes, None, args.steps)
     ours = wall(args.processes, share, args.steps)
-    machine = f"{cpu_name()}, {cores} cores"
+    machine = f"{cpu_name() or platform.machine()}, {cores} cores"
     for name, threads, seconds in (("torch default", cores, default), ("ours", share, ours)):
         line = {"setting": name, "threads_each": threads, "processes": args.processes, "wall_s": seconds}
         print(json.dumps({**line, "steps": args.steps, "machine": machine}))

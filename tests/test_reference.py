@@ -515,3 +515,29 @@ def test_electra_side_by_side_trains_the_reference_as_ours(tmp_path) -> None:
         ours, theirs = float(rows["ours", 0][measure]), float(rows["transformers", 0][measure])
         assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-5), measure
     assert float(rows["ours", 3]["loss"]) == pytest.approx(float(rows["transformers", 3]["loss"]), rel=1e-4)
+
+
+def test_electra_side_by_side_can_hold_the_generator_still(tmp_path) -> None:
+    """`freeze_generator_at`: from that step the discriminator learns against fixed samples, the
+    generator's own layers exactly as they were."""
+    import json
+
+    import numpy as np
+
+    from docs.results.electra_side_by_side import Recipe, run
+
+    tokens = np.random.default_rng(0).integers(SPECIAL.n_special, VOCAB, 20_000).astype(np.uint16)
+    for split in ("train", "val"):
+        tokens.tofile(tmp_path / f"{split}.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": VOCAB}))
+    recipe = Recipe(batch_size=4, seq_len=LENGTH, warmup=2, freeze_generator_at=2)
+    trained = {
+        steps: run(recipe, tmp_path, steps, every=10, reference=False, out=tmp_path / f"{steps}.csv")["ours"]
+        for steps in (2, 4)
+    }
+    before, after = (trained[steps].module.objective_head for steps in (2, 4))
+    for (name, held), moved in zip(
+        before.generator.named_parameters(), after.generator.parameters(), strict=True
+    ):
+        assert torch.equal(held, moved), name
+    assert not torch.equal(before.detector[-1].weight, after.detector[-1].weight)

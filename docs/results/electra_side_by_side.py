@@ -58,6 +58,9 @@ class Recipe:
     discriminator_weight: float = 50.0
     mask_rate: float = 0.15
     detector_bias: float = 0.0  # the detection logit's initial bias (0: ELECTRA's; the prior's log-odds)
+    # ours alone: from this step the generator's own layers stop training and its loss leaves the sum,
+    # so the discriminator learns against fixed samples (the shared embeddings still train)
+    freeze_generator_at: int | None = None
     seed: int = 1
 
 
@@ -72,6 +75,11 @@ class Ours:
 
     def __init__(self, module: PretrainModule) -> None:
         self.module = module
+        self.generator_frozen = False
+
+    def freeze_generator(self) -> None:
+        self.module.objective_head.generator.requires_grad_(False)
+        self.generator_frozen = True
 
     def modules(self) -> torch.nn.Module:
         return torch.nn.ModuleList([self.module.model, self.module.objective_head])
@@ -80,7 +88,11 @@ class Ours:
         self.module.train(mode)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.module.terms(batch).total()
+        terms = self.module.terms(batch)
+        if self.generator_frozen:
+            detection, weight = terms.extra["replaced"]
+            return weight * detection
+        return terms.total()
 
     def measures(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         terms = self.module.terms(batch)
@@ -138,7 +150,10 @@ class Reference:
         }
 
 
-def run(recipe: Recipe, tokens_dir: Path, steps: int, every: int, reference: bool, out: Path) -> None:
+def run(
+    recipe: Recipe, tokens_dir: Path, steps: int, every: int, reference: bool, out: Path
+) -> dict[str, Ours | Reference]:
+    """Trains the models side by side, writing their measures to `out`; returns them by name."""
     meta = json.loads((tokens_dir / "meta.json").read_text())
     train_tokens = np.memmap(tokens_dir / "train.bin", dtype=meta["dtype"], mode="r")
     val_tokens = np.memmap(tokens_dir / "val.bin", dtype=meta["dtype"], mode="r")
@@ -175,6 +190,8 @@ def run(recipe: Recipe, tokens_dir: Path, steps: int, every: int, reference: boo
     with torch.no_grad():
         module.objective_head.detector[-1].bias.fill_(recipe.detector_bias)
     models = {"ours": Ours(module)}
+    if reference and recipe.freeze_generator_at is not None:
+        raise ValueError("freeze_generator_at trains ours alone: add --no-reference")
     if reference:
         models["transformers"] = Reference(module, recipe.discriminator_weight)
     val = [
@@ -214,7 +231,9 @@ def run(recipe: Recipe, tokens_dir: Path, steps: int, every: int, reference: boo
                     print(json.dumps(row | measured), flush=True)
                 handle.flush()
             if step == steps:
-                break
+                return models
+            if step == recipe.freeze_generator_at:
+                models["ours"].freeze_generator()
             generator = batch_generator(recipe.seed, step)
             batch = make_batch(
                 rows_of(train_tokens, recipe.batch_size, recipe.seq_len, recipe.seed, step),

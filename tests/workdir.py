@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -33,6 +34,14 @@ class Workdir:
         self.params["clean"]["workers"] = 1  # worker pools are tested on their own
         self.params["pretrain"]["threads"] = suite_threads()
         self.write_params()
+
+    @classmethod
+    def copy_of(cls, built: Path, path: Path) -> Workdir:
+        """A copy of another workdir, its params and what its stages wrote, to change freely."""
+        shutil.copytree(built, path, symlinks=True)
+        workdir = cls.__new__(cls)
+        workdir.path, workdir.params = path, yaml.safe_load((path / "params.yaml").read_text())
+        return workdir
 
     def write_params(self, **sections: object) -> None:
         self.params.update(sections)

@@ -23,6 +23,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_T
     os.environ["OMP_NUM_THREADS"] = str(max(1, CORES // workers))
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: `-p no:xdist` runs without it
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto`: half a worker more than a worker per core, so that one test's wait on a server or a
     subprocess leaves no core idle (2-core Zen 4: 23.5 min of tests with three workers, 25.0 with

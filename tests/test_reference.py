@@ -5,6 +5,8 @@ Needs the `hf` extra (transformers), which `make test` installs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -492,21 +494,27 @@ def test_electra_computes_what_electra_for_pretraining_does(embedding_size: int 
     torch.testing.assert_close(ours.total(), generated.loss + 50.0 * detected.loss, **TOLERANCE)
 
 
+def random_tokens(folder: Path) -> None:
+    """A pack stage's output of random pieces (meta.json, train.bin, val.bin), for the side-by-side runs."""
+    import json
+
+    import numpy as np
+
+    tokens = np.random.default_rng(0).integers(SPECIAL.n_special, VOCAB, 20_000).astype(np.uint16)
+    for split in ("train", "val"):
+        tokens.tofile(folder / f"{split}.bin")
+    (folder / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": VOCAB}))
+
+
 def test_electra_side_by_side_trains_the_reference_as_ours(tmp_path) -> None:
     """The research log's side-by-side runs (docs/results/electra_side_by_side.py): transformers'
     ELECTRA starts from our weights and, on the same batches with the same optimizer, takes the same
     steps: the two agree on every measure at the start and on the loss after three steps."""
     import csv
-    import json
-
-    import numpy as np
 
     from docs.results.electra_side_by_side import Recipe, run
 
-    tokens = np.random.default_rng(0).integers(SPECIAL.n_special, VOCAB, 20_000).astype(np.uint16)
-    for split in ("train", "val"):
-        tokens.tofile(tmp_path / f"{split}.bin")
-    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": VOCAB}))
+    random_tokens(tmp_path)
     recipe = Recipe(batch_size=4, seq_len=LENGTH, warmup=2)
     run(recipe, tmp_path, steps=3, every=3, reference=True, out=tmp_path / "side.csv")
     with (tmp_path / "side.csv").open() as handle:
@@ -520,16 +528,9 @@ def test_electra_side_by_side_trains_the_reference_as_ours(tmp_path) -> None:
 def test_electra_side_by_side_can_hold_the_generator_still(tmp_path) -> None:
     """`freeze_generator_at`: from that step the discriminator learns against fixed samples, the
     generator's own layers exactly as they were."""
-    import json
-
-    import numpy as np
-
     from docs.results.electra_side_by_side import Recipe, run
 
-    tokens = np.random.default_rng(0).integers(SPECIAL.n_special, VOCAB, 20_000).astype(np.uint16)
-    for split in ("train", "val"):
-        tokens.tofile(tmp_path / f"{split}.bin")
-    (tmp_path / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": VOCAB}))
+    random_tokens(tmp_path)
     recipe = Recipe(batch_size=4, seq_len=LENGTH, warmup=2, freeze_generator_at=2)
     trained = {
         steps: run(recipe, tmp_path, steps, every=10, reference=False, out=tmp_path / f"{steps}.csv")["ours"]

@@ -69,14 +69,34 @@ def example_batch(train: TrainConfig, objective: Objective, args: Args) -> dict[
 def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     """FLOPs of one micro-batch's forward and backward pass, as FlopCounterMode counts them (a
     mixture's: each component's by its share). Shapes alone set them, so each pair is counted once
-    per process: planning an equal-FLOPs sweep asks for its ★ row's at every point."""
-    key = (model, json.dumps(train.__dict__, sort_keys=True, default=str))
+    per process: planning an equal-FLOPs sweep asks for its ★ row's at every point, and points that
+    differ in their schedule alone share one count."""
+    shaping = {k: v for k, v in train.__dict__.items() if k not in SCHEDULE_FIELDS}
+    key = (model, json.dumps(shaping, sort_keys=True, default=str))
     if key not in _COUNTED:
         _COUNTED[key] = _count_step_flops(model, train)
     return _COUNTED[key]
 
 
 _COUNTED: dict[tuple[ModelConfig, str], int] = {}
+# TrainConfig's fields that set the optimizer, the schedule and the run's length: never a tensor's shape
+SCHEDULE_FIELDS = frozenset(
+    {
+        "seed",
+        "max_steps",
+        "accumulate",
+        "lr",
+        "warmup_steps",
+        "schedule",
+        "min_lr_ratio",
+        "weight_decay",
+        "beta1",
+        "beta2",
+        "sampling",
+        "val_batches",
+        "short_seq_prob",
+    }
+)
 
 
 def _count_step_flops(model: ModelConfig, train: TrainConfig) -> int:

@@ -3,6 +3,7 @@ architecture and variant, equals the count of a real step on real tensors, and G
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -12,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import ModelConfig
-from models.flops import count_step_flops, estimate_step_flops, peak_flops
+from models.flops import SCHEDULE_FIELDS, _count_step_flops, count_step_flops, estimate_step_flops, peak_flops
 from models.lightning import PretrainModule, make_batch
 
 ARCHS = [("encoder", "mlm"), ("decoder", "clm"), ("encoder_decoder", "span")]
@@ -48,6 +49,18 @@ def test_count_equals_the_closed_form_estimate(arch: str, objective: str, varian
         arch, objective, PretrainParams(seq_len=32, batch_size=8), objectives_params(), seed=3
     )
     assert count_step_flops(model, wider) == 2 * counted
+
+
+@pytest.mark.parametrize(("arch", "objective"), ARCHS)
+def test_a_schedule_field_changes_no_count_so_points_share_one(arch: str, objective: str) -> None:
+    """count_step_flops keys its cache without SCHEDULE_FIELDS: counted afresh, a train config that
+    differs in all of them costs what the cached count says."""
+    model, train = configs(arch, objective, VARIANTS[0])
+    other = {"seed": 9, "max_steps": 7, "accumulate": 3, "lr": 0.5, "warmup_steps": 2, "schedule": "constant"}
+    other |= {"min_lr_ratio": 0.5, "weight_decay": 0.0, "beta1": 0.5, "beta2": 0.5, "sampling": "epoch"}
+    other |= {"val_batches": 1, "short_seq_prob": 0.5}
+    assert set(other) == SCHEDULE_FIELDS
+    assert _count_step_flops(model, dataclasses.replace(train, **other)) == count_step_flops(model, train)
 
 
 @pytest.mark.parametrize(("arch", "objective"), ARCHS)

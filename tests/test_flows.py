@@ -68,6 +68,27 @@ def test_a_point_drops_the_own_fine_tuning_values_of_the_models_it_drops() -> No
     assert kept.recipe_of("encdec_span", "sst2").lr == 3.0e-4
 
 
+def test_applied_params_are_what_dvc_writes_for_the_same_overrides(tmp_path: Path) -> None:
+    """`applied` runs DVC's steps in memory: on every profile, with a deletion, a mapping and a list
+    set, it gives what `dvc exp run -S` writes into params.yaml, read back as a stage reads it; a bad
+    override is one line."""
+    from dvc.utils.hydra import apply_overrides as dvc_apply
+
+    from flows import profile as profiles
+
+    (tmp_path / "SST-2").mkdir()
+    extra = ["~models.decoder_clm", "++objectives.mlm={mask_rate:0.2}", "finetune.seeds=[3,4]"]
+    for name in ["params.yaml", *profiles.available()]:
+        given = [] if name == "params.yaml" else profiles.overrides(name, str(tmp_path), str(tmp_path))
+        for overrides in (given, [*given, *extra]):
+            written = tmp_path / "params.yaml"
+            shutil.copy(ROOT / "params.yaml", written)
+            dvc_apply(str(written), overrides)
+            assert profiles.applied(ROOT, overrides, name) == yaml.safe_load(written.read_text()), name
+    with pytest.raises(PipelineError, match=r"^profile x: override 'pretrain\.max_steps=\[1': no viable"):
+        profiles.applied(ROOT, ["pretrain.max_steps=[1"], "profile x")
+
+
 def test_a_pretrain_key_a_model_sets_for_itself_is_not_swept_for_the_section() -> None:
     """On a profile whose decoder has its own step budget, a sweep of `pretrain.max_steps` would leave
     the decoder unchanged: rejected, unless the point sets the decoder's own key or leaves it out."""

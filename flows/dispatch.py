@@ -312,9 +312,10 @@ def checkout(revision: str) -> Path:
 @contextmanager
 def marked_run(here: Path) -> Iterator[None]:
     """Marks the checkout `here` (clean at this point) as changed by this process until the block ends.
-    `dvc exp run --temp` applies the params to the checkout itself, detaches HEAD and stages them
-    before it copies the run away; a SIGKILL in that window leaves them behind, and the marker is how
-    the next run tells them from edits of the machine's owner."""
+    `dvc pull` writes the outputs through temporary files, and `dvc exp run --temp` applies the params
+    to the checkout itself, detaches HEAD and stages them before it copies the run away; a SIGKILL in
+    either leaves them behind, and the marker is how the next run tells them from edits of the
+    machine's owner."""
     marker = here / RUN_MARKER
     marker.parent.mkdir(parents=True, exist_ok=True)
     head = subprocess.run(["git", "symbolic-ref", "-q", "HEAD"], cwd=here, capture_output=True, text=True)
@@ -337,9 +338,10 @@ def process_alive(pid: int) -> bool:
 
 
 def reset_interrupted_run(here: Path) -> str | None:
-    """Resets the checkout `here` to its HEAD (and HEAD to the branch it was on) when a marked run's
-    process died without unmarking it; returns what it did, or None when there was nothing to do. A
-    marked run whose process lives (a worker started with `--limit` above 1) is left alone."""
+    """Resets the checkout `here` to its HEAD (and HEAD to the branch it was on) and its DVC outputs
+    to that commit's when a marked run's process died without unmarking it; returns what it did, or
+    None when there was nothing to do. A marked run whose process lives (a worker started with
+    `--limit` above 1) is left alone."""
     marker = here / RUN_MARKER
     if not marker.exists():
         return None
@@ -350,6 +352,9 @@ def reset_interrupted_run(here: Path) -> str | None:
     head = record["head"]
     if head.startswith("refs/heads/") and git(here, "rev-parse", head) == git(here, "rev-parse", "HEAD"):
         git(here, "symbolic-ref", "HEAD", head)
+    # a pull killed mid-copy leaves DVC's temporary file in an output, which every later pull refuses
+    # to remove ("unsaved files"): the commit's outputs again, from the local cache
+    dvc_checked(here, "checkout", "--force", "--allow-missing")
     marker.unlink()
     return (
         f"worker {worker_name()}: the run of process {record['pid']} died while it had {here} changed; "
@@ -377,20 +382,20 @@ def experiment_on_worker(
         logger.warning(reset)
     here = checkout(revision)
     remote = ["--remote", dvc_remote] if dvc_remote else []
-    # the run history of every machine, so that stages another one ran are restored, not re-run
-    dvc_checked(here, "pull", "--run-cache", "--allow-missing", *remote)
     uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
     env = child_env(parent_run_id, uri)
-    dvc(here, "exp", "remove", experiment)  # a failed earlier attempt's on this machine, if any
-    waited = time.time() - submitted_at
-    logger.info("%s on %s: first stage %.1f s after submit", experiment, worker_name(), waited)
-    if tag_parent:
-        import mlflow
-
-        client = mlflow.MlflowClient(uri)
-        client.set_tag(parent_run_id, "worker", worker_name())
-        client.set_tag(parent_run_id, DISPATCH_TAG, f"{waited:.1f}")
     with marked_run(here):
+        # the run history of every machine, so that stages another one ran are restored, not re-run
+        dvc_checked(here, "pull", "--run-cache", "--allow-missing", *remote)
+        dvc(here, "exp", "remove", experiment)  # a failed earlier attempt's on this machine, if any
+        waited = time.time() - submitted_at
+        logger.info("%s on %s: first stage %.1f s after submit", experiment, worker_name(), waited)
+        if tag_parent:
+            import mlflow
+
+            client = mlflow.MlflowClient(uri)
+            client.set_tag(parent_run_id, "worker", worker_name())
+            client.set_tag(parent_run_id, DISPATCH_TAG, f"{waited:.1f}")
         output = dvc_checked(here, *exp_run(experiment, overrides, targets, pull=True), env=env)
     ran = stages_ran(output)
     logger.info("%s: ran %s", experiment, ", ".join(ran) or "nothing (all cached)")

@@ -314,6 +314,51 @@ def test_a_worker_resets_what_a_killed_run_left_in_its_checkout_and_nothing_else
         checkout(head)
 
 
+KILLED_MID_PULL = """
+import os, signal
+from pathlib import Path
+import dvc_objects.fs.local as local
+from dvc.cli import main
+from flows.dispatch import marked_run
+
+copyfile = local.copyfile
+def die_mid_copy(source, temporary, *args, **kwargs):  # half the file, under its temporary name
+    if "checkpoints/encoder_mlm/hf" not in temporary:  # the run cache, when a sweep has pushed one
+        return copyfile(source, temporary, *args, **kwargs)
+    data = Path(source).read_bytes()
+    Path(temporary).write_bytes(data[: len(data) // 2])
+    os.kill(os.getpid(), signal.SIGKILL)
+local.copyfile = die_mid_copy
+with marked_run(Path.cwd()):
+    main(["pull", "--run-cache", "--allow-missing", "checkpoints/encoder_mlm/hf"])
+"""
+
+
+def test_a_worker_clears_what_a_pull_killed_mid_copy_left_in_an_output(
+    site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed while its pull copies an output into the checkout leaves DVC's temporary file
+    there, which every later pull refuses to remove; the next run clears it with the marker's reset."""
+    clone, head = worker_clone(site, tmp_path)
+    sh(clone, "dvc", "cache", "dir", "--local", str(site.project / ".dvc/cache"))  # the outputs to copy
+    monkeypatch.chdir(clone)
+    monkeypatch.setenv("PREFECT__WORKER_NAME", "w9")
+
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_MID_PULL], env=command_env(PYTHONPATH=str(clone)))
+    assert killed.wait(timeout=120) == -9
+    [temporary] = (clone / "checkpoints/encoder_mlm/hf").glob(".*.tmp")
+    refused = sh(clone, "dvc", "pull", "--allow-missing", check=False)
+    assert refused.returncode == 1 and "Can't remove the following unsaved files" in refused.stderr
+
+    assert reset_interrupted_run(clone) == (
+        f"worker w9: the run of process {killed.pid} died while it had {clone} changed; reset it to main"
+    )
+    assert not temporary.exists()
+    assert checkout(head) == clone
+    sh(clone, "dvc", "pull", "--allow-missing")
+    assert sh(clone, "dvc", "status", "--json").stdout.strip() == "{}"
+
+
 @pytest.mark.slow
 def test_a_pooled_pipeline_runs_its_gpu_stages_on_the_workers(site: Site, cluster: Cluster) -> None:
     def pipeline() -> subprocess.CompletedProcess[str]:

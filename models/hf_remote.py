@@ -26,6 +26,7 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
+from models.architectures.base import shift_right
 from models.config import ModelConfig
 from models.special import SPECIAL
 from models.transformer import Transformer, rope_tables, sinusoidal_table
@@ -113,8 +114,7 @@ class LmpipeForLM(LmpipePreTrainedModel):
     ) -> MaskedLMOutput:
         decoder_ids, decoder_mask, prefix_lengths = _decoder(kwargs)
         if decoder_ids is None and labels is not None and self.net.arch.encoder and self.net.arch.decoder:
-            start = torch.full_like(labels[:, :1], SPECIAL.bos)
-            decoder_ids = torch.cat([start, labels[:, :-1].clamp(min=0)], dim=1)
+            decoder_ids = shift_right(labels.clamp(min=0))
         logits = self.net.lm_logits(
             self.hidden(input_ids, attention_mask, decoder_ids, decoder_mask, prefix_lengths)
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -14,13 +14,22 @@ import pytest
 from tests.workdir import Workdir
 
 CORES = len(os.sched_getaffinity(0))
+_THREADS = pytest.StashKey[pytest.MonkeyPatch]()
+
 
 # Each pytest-xdist worker and the stages it starts get their share of the cores (read by PyTorch when
 # it starts, so set before any test module imports it). PyTorch's OpenMP threads spin while they
-# wait: two workers training with a thread per core each run several times slower.
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_THREADS"):
-    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-    os.environ["OMP_NUM_THREADS"] = str(max(1, CORES // workers))
+# wait: two workers training with a thread per core each run several times slower. Restored after.
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_THREADS"):
+        config.stash[_THREADS] = pytest.MonkeyPatch()
+        workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+        config.stash[_THREADS].setenv("OMP_NUM_THREADS", str(max(1, CORES // workers)))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _THREADS in config.stash:
+        config.stash[_THREADS].undo()
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: `-p no:xdist` runs without it
@@ -34,16 +43,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _isolated_services(tmp_path_factory: pytest.TempPathFactory) -> None:
+def _isolated_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A private MLflow store, no network, a git identity: for the session, the environment restored
+    after it."""
     store = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store}"
-    os.environ["DVC_NO_ANALYTICS"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ.setdefault("GIT_AUTHOR_NAME", "test")
-    os.environ.setdefault("GIT_AUTHOR_EMAIL", "test@example.com")
-    os.environ.setdefault("GIT_COMMITTER_NAME", "test")
-    os.environ.setdefault("GIT_COMMITTER_EMAIL", "test@example.com")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+        for variable in ("DVC_NO_ANALYTICS", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            env.setenv(variable, "1")
+        for variable, value in (("NAME", "test"), ("EMAIL", "test@example.com")):
+            for role in ("AUTHOR", "COMMITTER"):
+                env.setenv(f"GIT_{role}_{variable}", os.environ.get(f"GIT_{role}_{variable}", value))
+        yield
 
 
 @pytest.fixture
@@ -73,28 +84,39 @@ def glue_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def sample_pipeline(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Workdir:
-    """sample -> ingest -> clean -> tokenizer -> pack on the default params.
-
-    Shared by several tests: a test that changes its params restores them.
-    """
-    return _prepared_copy(tmp_path_factory, worker_id, "sample_pipeline", None)
+def sample_build(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """sample -> ingest -> clean -> tokenizer -> pack on the default params, run once per session: read
+    only (a test that runs stages takes `sample_pipeline`, its own copy)."""
+    return _built(tmp_path_factory, worker_id, "sample_pipeline", None)
 
 
 @pytest.fixture(scope="session")
-def real_pipeline(tmp_path_factory: pytest.TempPathFactory, worker_id: str, corpus_dir: Path) -> Workdir:
-    """ingest -> clean -> tokenizer -> pack on the real text in CORPUS_DIR."""
-    return _prepared_copy(tmp_path_factory, worker_id, "real_pipeline", corpus_dir)
+def real_build(tmp_path_factory: pytest.TempPathFactory, worker_id: str, corpus_dir: Path) -> Path:
+    """ingest -> clean -> tokenizer -> pack on the real text in CORPUS_DIR, once per session: read only."""
+    return _built(tmp_path_factory, worker_id, "real_pipeline", corpus_dir)
 
 
-def _prepared_copy(
+@pytest.fixture
+def sample_pipeline(sample_build: Path, tmp_path: Path) -> Workdir:
+    """This test's own copy of `sample_build`, to change and run stages in: no test sees another's
+    params, checkpoints or fine-tunes."""
+    return Workdir.copy_of(sample_build, tmp_path / "sample_pipeline")
+
+
+@pytest.fixture
+def real_pipeline(real_build: Path, tmp_path: Path) -> Workdir:
+    """This test's own copy of `real_build`."""
+    return Workdir.copy_of(real_build, tmp_path / "real_pipeline")
+
+
+def _built(
     tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str, corpus_dir: Path | None
-) -> Workdir:
-    """This worker's own copy of data stages run once per session (they take a core for 15-40 s)."""
+) -> Path:
+    """Data stages run once per session, shared by the pytest-xdist workers (they take a core for
+    15-40 s)."""
     from tests.pipeline_helpers import prepared
 
-    built = _once_per_session(tmp_path_factory, worker_id, name, lambda f: prepared(f, corpus_dir).path)
-    return Workdir.copy_of(built, tmp_path_factory.mktemp(name) / "workdir")
+    return _once_per_session(tmp_path_factory, worker_id, name, lambda f: prepared(f, corpus_dir).path)
 
 
 def _once_per_session(

@@ -257,7 +257,7 @@ def test_nothing_imports_a_stage_but_to_run_it() -> None:
 
 def test_the_layers_import_only_downwards() -> None:
     """models/ is the layer the library builds on: it imports nothing of lmpipe/, stages/ or flows/;
-    stages/ never imports flows/ (DESIGN.md's layout)."""
+    stages/ never imports flows/ (docs/development.md, "Where things are")."""
     above = {"models": ("lmpipe", "stages", "flows"), "stages": ("flows",)}
     offences = [
         f"{path.relative_to(ROOT)}: imports {name}"

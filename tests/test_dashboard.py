@@ -4,7 +4,6 @@ Debian's)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -80,11 +79,9 @@ def test_mlflow_opens_on_the_pipelines_runs_with_glue_on_the_model(
     )
     try:
         wait_until_up(f"http://127.0.0.1:{port}/health", server, log)
-        os.environ["MLFLOW_TRACKING_URI"], saved = store, os.environ["MLFLOW_TRACKING_URI"]
-        try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("MLFLOW_TRACKING_URI", store)
             link = ui_link("lmpipe", port)
-        finally:
-            os.environ["MLFLOW_TRACKING_URI"] = saved
         assert (
             link
             == f"http://127.0.0.1:{port}/#/experiments/{experiment.experiment_id}?workflowType=machine_learning"

@@ -13,7 +13,8 @@ import pytest
 import scipy.stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from lmpipe.glue.tasks import TASKS, read_tsv
+from lmpipe.glue.prepare import read_tsv
+from lmpipe.glue.tasks import TASKS
 from lmpipe.layout import predictions_sha256
 from lmpipe.runtime import StageError
 from tests.workdir import Workdir

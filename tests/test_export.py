@@ -53,15 +53,15 @@ VARIANTS = [
 
 
 @pytest.fixture(scope="module")
-def real_text(real_pipeline: Workdir) -> tuple[Path, list[str]]:
+def real_text(real_build: Path) -> tuple[Path, list[str]]:
     """The tokenizer trained on the real corpus and lines of that corpus (sentences of every length)."""
     import pyarrow.parquet as pq
 
     from lmpipe.layout import clean_shards
 
-    texts = pq.read_table(clean_shards(real_pipeline.path / "data/clean")[0], columns=["text"])
+    texts = pq.read_table(clean_shards(real_build / "data/clean")[0], columns=["text"])
     lines = [line.strip() for doc in texts.column("text").to_pylist()[:40] for line in doc.split("\n")]
-    return real_pipeline.path / "data/tokenizer/spm.model", [line for line in lines if line][:400]
+    return real_build / "data/tokenizer/spm.model", [line for line in lines if line][:400]
 
 
 def exported(tmp_path: Path, arch: str, variant: dict, spm_model: Path) -> tuple[Transformer, str]:
@@ -156,7 +156,7 @@ def test_every_encoder_export_fills_a_mask_with_the_head_it_was_trained_with(
 
 
 @pytest.fixture(scope="module")
-def bpe_model(real_pipeline: Workdir, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bpe_model(real_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SentencePiece BPE model (tokenizer.model_type: bpe, case-folding normalisation), trained by
     the tokenizer stage's own function on the real corpus."""
     import pyarrow.parquet as pq
@@ -165,7 +165,7 @@ def bpe_model(real_pipeline: Workdir, tmp_path_factory: pytest.TempPathFactory) 
     from lmpipe.layout import clean_shards
     from lmpipe.params.tokenizer import TokenizerParams
 
-    texts = pq.read_table(clean_shards(real_pipeline.path / "data/clean")[0], columns=["text"])
+    texts = pq.read_table(clean_shards(real_build / "data/clean")[0], columns=["text"])
     lines = (
         line for doc in texts.column("text").to_pylist()[:300] for line in doc.split("\n") if line.strip()
     )

@@ -45,16 +45,18 @@ def finetune(workdir: Workdir, *args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tuned(sample_pipeline: Workdir) -> Iterator[Workdir]:
-    """enc pretrained for 10 steps, then fine-tuned on the synthetic STS-B from it and from scratch."""
+def tuned(sample_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workdir]:
+    """enc pretrained for 10 steps, then fine-tuned on the synthetic STS-B from it and from scratch: the
+    module's own copy of the sample project, its params restored after each test that changes them."""
     from stages import glue_prepare
 
-    with sample_pipeline.changed(OVERRIDES):
-        with contextlib.chdir(sample_pipeline.path):
+    workdir = Workdir.copy_of(sample_build, tmp_path_factory.mktemp("tuned") / "workdir")
+    with workdir.changed(OVERRIDES):
+        with contextlib.chdir(workdir.path):
             glue_prepare.main()
-        run_stages(sample_pipeline, "pretrain", "enc")
-        finetune(sample_pipeline, "enc")
-        yield sample_pipeline
+        run_stages(workdir, "pretrain", "enc")
+        finetune(workdir, "enc")
+        yield workdir
 
 
 def out(workdir: Workdir, init: str) -> Path:

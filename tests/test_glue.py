@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lmpipe.glue.tasks import TASKS, read_tsv, task
+from lmpipe.glue.prepare import read_tsv
+from lmpipe.glue.tasks import TASKS, task
 from lmpipe.runtime import StageError
 
 OFFICIAL_ROWS = {

@@ -42,14 +42,14 @@ TARGET = "pretrain@decoder_clm"  # not the fine-tunes downstream
 
 @pytest.fixture
 def decoder_only(sample_pipeline: Workdir) -> Iterator[Workdir]:
-    """The shared sample project training only the tiny decoder; its models restored after the test."""
+    """This test's sample project training only the tiny decoder."""
     with sample_pipeline.changed({"models": {"decoder_clm": MODELS["decoder_clm"]}}):
         yield sample_pipeline
 
 
 @pytest.fixture
 def encoder_only(sample_pipeline: Workdir) -> Iterator[Workdir]:
-    """The shared sample project training only the tiny encoder; its models restored after the test."""
+    """This test's sample project training only the tiny encoder."""
     with sample_pipeline.changed({"models": {"encoder_mlm": MODELS["encoder_mlm"]}}):
         yield sample_pipeline
 

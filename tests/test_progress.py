@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from lmpipe.runtime import Meter
+from lmpipe.data.progress import Meter
 
 
 def test_progress_lines_in_logs_every_interval_with_rates_drops_and_eta(caplog) -> None:

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 
 from lmpipe.data import dedup, resume
 from lmpipe.data.parallel import shard_map
+from lmpipe.data.progress import Meter
 from lmpipe.data.quality import Words, exact_key, failed_rule, minhash_signature, normalize
 from lmpipe.data.resume import Shard
 from lmpipe.layout import CLEAN_WORK
 from lmpipe.params.clean import CleanParams
 from lmpipe.runtime import (
-    Meter,
     atomic_dir,
     atomic_file,
     log,

@@ -20,13 +20,13 @@ import pyarrow.parquet as pq
 
 from lmpipe.data import resume
 from lmpipe.data.parallel import shard_map
+from lmpipe.data.progress import Meter
 from lmpipe.data.readers import FileReader, TextDecoder, detect_format, first_line
 from lmpipe.data.splitting import join_paragraphs, split_long
 from lmpipe.glue.tasks import task as glue_task
 from lmpipe.layout import ingest_work
 from lmpipe.params.ingest import IngestParams, SourceParams
 from lmpipe.runtime import (
-    Meter,
     StageError,
     atomic_dir,
     cpu_threads,

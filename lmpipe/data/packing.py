@@ -22,11 +22,11 @@ import sentencepiece as spm
 
 from lmpipe.data import resume
 from lmpipe.data.parallel import shard_map
+from lmpipe.data.progress import Meter
 from lmpipe.data.resume import Shard
 from lmpipe.layout import PACK_WORK
 from lmpipe.params.pack import PackParams
 from lmpipe.runtime import (
-    Meter,
     StageError,
     atomic_dir,
     cpu_threads,

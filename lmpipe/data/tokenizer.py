@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
+from lmpipe.data.progress import Meter
 from lmpipe.data.splitting import split_long
 from lmpipe.params.tokenizer import TokenizerParams
 from lmpipe.runtime import (
-    Meter,
     StageError,
     cpu_threads,
     log,

@@ -1,4 +1,5 @@
-"""The one registry of the nine GLUE tasks, and the reader of the original GLUE TSV layout.
+"""The one registry of the nine GLUE tasks: what the params check names against, so no pandas here
+(lmpipe/glue/prepare.py reads the task files).
 
 Labels follow the Hugging Face `nyu-mll/glue` convention (ids in the order of `labels`), so a task
 read from the TSV files, from the Hub or from a `save_to_disk` folder gives the same tables.
@@ -7,9 +8,6 @@ read from the TSV files, from the Hub or from a `save_to_disk` folder gives the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import pandas as pd
 
 from lmpipe.runtime import StageError
 
@@ -131,65 +129,3 @@ def task(name: str, key: str) -> GlueTask:
     if name not in TASKS:
         raise StageError(f"{key}: unknown GLUE task '{name}'; the tasks are: {', '.join(TASKS)}")
     return TASKS[name]
-
-
-def _label_id(task: GlueTask, raw: str, where: str) -> float | int:
-    if task.labels is None:
-        try:
-            return float(raw)
-        except ValueError:
-            raise StageError(
-                f"{where}: label '{raw}' is not a number ({task.name} is a regression task)"
-            ) from None
-    if raw in task.labels:  # MNLI, QNLI, RTE spell their labels out
-        return task.labels.index(raw)
-    if raw.isdigit() and int(raw) < len(task.labels):
-        return int(raw)
-    allowed = ", ".join([*task.labels, *map(str, range(len(task.labels)))])
-    raise StageError(f"{where}: label '{raw}' is not one of {task.name}'s labels ({allowed})")
-
-
-def read_tsv(path: Path, task: GlueTask) -> pd.DataFrame:
-    """One split in the original GLUE TSV layout -> `idx, <text columns>, label`.
-
-    Fields are split on tabs only: GLUE's sentences hold unbalanced quotes that a CSV reader would
-    take for quoting and merge rows over.
-    """
-    try:
-        lines = path.read_text(encoding="utf-8-sig").split("\n")
-    except FileNotFoundError:
-        raise StageError(
-            f"{path}: missing (expected the {task.folder} folder of download_glue_data.py)"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise StageError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    if lines and lines[-1] == "":
-        lines.pop()
-    if task.header:
-        if not lines:
-            raise StageError(f"{path}: empty file, expected a header line")
-        columns = lines[0].rstrip("\r").split("\t")
-        wanted = [*task.tsv_text, task.tsv_label]
-        missing = [c for c in wanted if c not in columns]
-        if missing:
-            raise StageError(
-                f"{path}: missing column(s) {', '.join(map(str, missing))}; "
-                f"the header has: {', '.join(map(str, columns))}"
-            )
-        positions = [columns.index(c) for c in wanted]
-    else:
-        positions = [int(c) for c in (*task.tsv_text, task.tsv_label)]
-    needed = max(positions) + 1
-    rows = []
-    body, first_line = (lines[1:], 2) if task.header else (lines, 1)
-    for number, line in enumerate(body, start=first_line):
-        fields = line.rstrip("\r").split("\t")
-        where = f"{path}:{number}"
-        if len(fields) < needed:
-            raise StageError(f"{where}: {len(fields)} tab-separated fields, expected at least {needed}")
-        *texts, label = (fields[p] for p in positions)
-        rows.append((len(rows), *texts, _label_id(task, label.strip(), where)))
-    if not rows:
-        raise StageError(f"{path}: no rows (an empty split)")
-    frame = pd.DataFrame(rows, columns=["idx", *task.text_columns, "label"])
-    return frame.astype({"label": "float64" if task.is_regression else "int64"})

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from models.objectives.base import Args, Objective, ObjectiveParams, Pair
-from models.objectives.noise import NoiseMask, mask_or_random, noise_mask
+from models.objectives.noise import NoiseMask, check_replacement_split, mask_or_random, noise_mask
 from models.special import SPECIAL
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
@@ -31,8 +31,7 @@ class BertStyleParams(ObjectiveParams):
     )
 
     def check(self) -> None:
-        if self.mask_fraction + self.random_fraction > 1.0:
-            raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
+        check_replacement_split(self.mask_fraction, self.random_fraction)
 
 
 class BertStyle(Objective):

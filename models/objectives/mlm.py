@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Literal
 
 from models.objectives import spanbert
 from models.objectives.base import Args, Objective, ObjectiveParams, Pair
-from models.special import SPECIAL, SpecialIds
+from models.objectives.noise import bert_replacement, check_replacement_split
+from models.special import SPECIAL
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
 # when it validates params.yaml
@@ -35,30 +36,20 @@ def mask_tokens(
     rate: float = 0.15,
     mask_fraction: float = 0.8,
     random_fraction: float = 0.1,
-    special: SpecialIds = SPECIAL,
 ) -> MaskedBatch:
+    """BERT's selection and 80/10/10 replacement (the shares checked with the params:
+    `objectives.mlm`, `MLMParams`)."""
     import torch
 
-    if not 0.0 < rate < 1.0:
-        raise ValueError(f"rate must be in (0, 1), got {rate}")
-    if mask_fraction < 0 or random_fraction < 0 or mask_fraction + random_fraction > 1.0:
-        raise ValueError(
-            f"mask_fraction ({mask_fraction}) and random_fraction ({random_fraction}) must be >= 0 "
-            "and sum to at most 1"
-        )
-    if vocab_size <= special.n_special:
-        raise ValueError(f"vocab_size ({vocab_size}) must exceed the {special.n_special} special ids")
+    if vocab_size <= SPECIAL.n_special:
+        raise ValueError(f"vocab_size ({vocab_size}) must exceed the {SPECIAL.n_special} special ids")
     flat = tokens.reshape(-1)
-    selected = (torch.rand(flat.shape, generator=generator) < rate) & (flat >= special.n_special)
+    selected = (torch.rand(flat.shape, generator=generator) < rate) & (flat >= SPECIAL.n_special)
     positions = selected.nonzero().squeeze(1)
     labels = flat[positions]
     choice = torch.rand(positions.shape, generator=generator)
-    random_ids = torch.randint(special.n_special, vocab_size, positions.shape, generator=generator)
-    replaced = torch.where(
-        choice < mask_fraction,
-        torch.full_like(labels, special.mask),
-        torch.where(choice < mask_fraction + random_fraction, random_ids, labels),
-    )
+    random_ids = torch.randint(SPECIAL.n_special, vocab_size, positions.shape, generator=generator)
+    replaced = bert_replacement(labels, choice, random_ids, mask_fraction, random_fraction)
     inputs = flat.clone()
     inputs[positions] = replaced
     return MaskedBatch(inputs.view_as(tokens), selected.view_as(tokens), positions, labels)
@@ -106,8 +97,7 @@ class MLMParams(ObjectiveParams):
     )
 
     def check(self) -> None:
-        if self.mask_fraction + self.random_fraction > 1.0:
-            raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
+        check_replacement_split(self.mask_fraction, self.random_fraction)
         if self.boundary_loss and self.mask_unit == "token":
             raise ValueError("boundary_loss: the span-boundary objective needs spans: mask_unit word or span")
         if self.boundary_loss and self.masking == "static":  # static rows are stacked one by one

@@ -127,12 +127,27 @@ def mask_or_random(
 
     choice = torch.rand(row.shape, generator=generator)
     random_ids = torch.randint(SPECIAL.n_special, vocab_size, row.shape, generator=generator)
-    replaced = torch.where(
+    return torch.where(noise, bert_replacement(row, choice, random_ids, mask_fraction, random_fraction), row)
+
+
+def bert_replacement(
+    tokens: Tensor, choice: Tensor, random_ids: Tensor, mask_fraction: float, random_fraction: float
+) -> Tensor:
+    """BERT's rule for a selected token, by its uniform draw `choice`: below `mask_fraction` the mask
+    token, below `mask_fraction + random_fraction` its random id, else the token itself (80/10/10)."""
+    import torch
+
+    return torch.where(
         choice < mask_fraction,
-        torch.full_like(row, SPECIAL.mask),
-        torch.where(choice < mask_fraction + random_fraction, random_ids, row),
+        torch.full_like(tokens, SPECIAL.mask),
+        torch.where(choice < mask_fraction + random_fraction, random_ids, tokens),
     )
-    return torch.where(noise, replaced, row)
+
+
+def check_replacement_split(mask_fraction: float, random_fraction: float) -> None:
+    """What `bert_replacement` needs of an objective's params: the two shares leave the kept one >= 0."""
+    if mask_fraction + random_fraction > 1.0:
+        raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
 
 
 def with_eos(row: Tensor) -> Tensor:

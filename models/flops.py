@@ -16,11 +16,12 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
+from models import implementations
 from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
 from models.lightning import PretrainModule, TrainConfig
-from models.objectives import OBJECTIVES
-from models.objectives.base import Args, Objective
+from models.specs.objectives import OBJECTIVES, ObjectiveSpec
+from models.specs.objectives.base import Args
 from models.stack_flops import lm_head_weights, stack_forward_flops
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, by a part of
@@ -44,23 +45,23 @@ def peak_flops(device_name: str) -> float | None:
     return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None
 
 
-def components(train: TrainConfig) -> list[tuple[float, Objective, Args]]:
+def components(train: TrainConfig) -> list[tuple[float, ObjectiveSpec, Args]]:
     """(share, objective, args) of what makes the batches: the objective, or a mixture's parts."""
     return OBJECTIVES[train.objective].components(train.objective_args)
 
 
-def lengths(train: TrainConfig, objective: Objective, args: Args) -> tuple[int, int, float]:
+def lengths(train: TrainConfig, objective: ObjectiveSpec, args: Args) -> tuple[int, int, float]:
     """(encoder tokens, decoder tokens, predicted tokens) per row: the objective's pair widths as the
     architecture reads them."""
     return ARCHITECTURES[train.arch].tokens(objective.kind, *objective.widths(train.seq_len, args))
 
 
-def example_batch(train: TrainConfig, objective: Objective, args: Args) -> dict[str, Tensor]:
+def example_batch(train: TrainConfig, objective: ObjectiveSpec, args: Args) -> dict[str, Tensor]:
     """A batch of the pair's shapes as the architecture has it, on the meta device (with a pair
     format's labels, for its head)."""
     widths = objective.widths(train.seq_len, args)
     batch = ARCHITECTURES[train.arch].example_batch(train.batch_size, objective.kind, *widths)
-    batch |= objective.example_extras(len(batch["labels"]), args)
+    batch |= implementations.objective(objective.name).example_extras(len(batch["labels"]), args)
     if train.pair_loss() != "none":
         batch["pair_labels"] = torch.zeros(train.batch_size, dtype=torch.long, device="meta")
     return batch
@@ -120,7 +121,7 @@ def estimate_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     return round(total)
 
 
-def _estimate(model: ModelConfig, train: TrainConfig, objective: Objective, args: Args) -> int:
+def _estimate(model: ModelConfig, train: TrainConfig, objective: ObjectiveSpec, args: Args) -> int:
     b, (t, u, predicted) = train.batch_size, lengths(train, objective, args)
     d = model.d_model
     forward = 0
@@ -135,7 +136,7 @@ def _estimate(model: ModelConfig, train: TrainConfig, objective: Objective, args
     e = model.embedding_size
     if e:  # ALBERT's projection of each embedded token to d_model, and back in the LM head
         forward += 2 * b * (t + u) * e * d
-    head = objective.head_flops(model, b, train.seq_len, args)
+    head = implementations.objective(objective.name).head_flops(model, b, train.seq_len, args)
     if head is None:  # the tied LM head on the predicted tokens
         head = (
             2 * round(predicted * b) * lm_head_weights(d, e, model.vocab_size, model.lm_head == "transform")

@@ -25,20 +25,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from models.special import SPECIAL
+from models.specs.input_formats import PAIR_FORMATS
 
 # torch is imported where it is used: every stage, the data stages too, imports this module
 # when it validates params.yaml
 if TYPE_CHECKING:
     import torch
     from torch import Tensor
-
-InputFormat = Literal["full_sentences", "doc_sentences", "segment_pair", "sentence_pair"]
-PAIR_FORMATS = ("segment_pair", "sentence_pair")
 
 
 @dataclass

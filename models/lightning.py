@@ -19,12 +19,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from models import implementations
 from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
-from models.input_formats import PAIR_FORMATS, InputFormat, Rows, SentenceIndex, format_rows
-from models.objectives import OBJECTIVES
+from models.input_formats import Rows, SentenceIndex, format_rows
 from models.objectives.base import Terms, batch_generator
 from models.pair import stacked_pairs
+from models.specs.input_formats import PAIR_FORMATS, InputFormat
+from models.specs.objectives import OBJECTIVES
 from models.training import derived_seed, read_losses
 from models.transformer import Transformer, init_normal, weight_decay_groups
 
@@ -96,16 +98,17 @@ def make_batch(
             raise ValueError(f"objective {objective.name} reads the tokenizer's {read}: not given")
         args = {**args, **{name: pieces[name] for name in tables}}
     rows = rows[:, : objective.row_length(cfg.seq_len, args)]
+    implementation = implementations.objective(objective.name)
     if formatted is not None:  # an input format's rows: short ones padded, pairs with their labels
-        pair = objective.pair(rows, args, generator, vocab_size)
+        pair = implementation.pair(rows, args, generator, vocab_size)
         pair.input_lengths = formatted.lengths  # aligned pairs: the padding is never noise (a special id)
         batch = ARCHITECTURES[cfg.arch].batch(pair)
         return batch if formatted.pair_labels is None else batch | {"pair_labels": formatted.pair_labels}
     copies = objective.static_copies(args)
     if copies is None or row_epochs is None:
-        return ARCHITECTURES[cfg.arch].batch(objective.pair(rows, args, generator, vocab_size))
+        return ARCHITECTURES[cfg.arch].batch(implementation.pair(rows, args, generator, vocab_size))
     pairs = [
-        objective.pair(row[None], args, static_generator(cfg.seed, index, epoch % copies), vocab_size)
+        implementation.pair(row[None], args, static_generator(cfg.seed, index, epoch % copies), vocab_size)
         for row, (index, epoch) in zip(rows, row_epochs, strict=True)
     ]
     return ARCHITECTURES[cfg.arch].batch(stacked_pairs(pairs))
@@ -327,7 +330,12 @@ class PretrainModule(L.LightningModule):
         # BERT's pooler and next-sentence (or ALBERT's sentence-order) classifier on the [CLS] state, and
         # an objective's own head (ELECTRA's generator): pretraining heads, not part of the exported model
         self.pair_head = pair_head(self.model_cfg) if self.cfg.pair_loss() != "none" else None
-        self.objective_head = OBJECTIVES[self.cfg.objective].head(self.model_cfg, self.cfg.objective_args)
+        objective, args = self.cfg.objective, self.cfg.objective_args
+        self.objective_head = (
+            implementations.objective(objective).head(self.model_cfg, args)
+            if OBJECTIVES[objective].has_head(args)
+            else None
+        )
         self.compile = compile
         self._token_loss = token_loss
         self.history: list[dict[str, float]] = []

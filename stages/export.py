@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     params.check_model(name)
 
     from models.hf import hf_layout, without_lm_head
-    from models.objectives import OBJECTIVES
+    from models.specs.objectives import OBJECTIVES
     from models.transformer import load_pretrained
 
     source = final_checkpoint(name)

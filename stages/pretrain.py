@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from models.flops import count_step_flops, estimate_step_flops, peak_flops
     from models.lightning import PretrainModule, TokenDataModule
-    from models.objectives import OBJECTIVES
     from models.pieces import piece_tables
+    from models.specs.objectives import OBJECTIVES
     from models.training import NonFiniteLoss, resolve_precision
 
     # a fixed thread count, whoever starts the stage and beside what: it changes the float bits;

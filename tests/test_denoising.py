@@ -12,12 +12,14 @@ from lmpipe.params.pretrain import PretrainParams, PretrainSections, objectives_
 from lmpipe.params.schema import parse
 from lmpipe.pretraining import train_config
 from lmpipe.runtime import StageError
+from models import implementations
 from models.config import ModelConfig
 from models.lightning import make_batch
-from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
-from models.objectives.noise import iid_noise_mask, noise_count
+from models.objectives.noise import iid_noise_mask
 from models.special import SPECIAL
+from models.specs.objectives import OBJECTIVES
+from models.specs.objectives.noise import noise_count
 from tests.test_pairs import assert_learns
 
 V = 500
@@ -33,7 +35,9 @@ def args(objective: str, **values) -> dict:
 
 
 def pair(objective: str, tokens: torch.Tensor, seed: int = 0, **values):
-    return OBJECTIVES[objective].pair(tokens, args(objective, **values), batch_generator(seed, 0), V)
+    return implementations.objective(objective).pair(
+        tokens, args(objective, **values), batch_generator(seed, 0), V
+    )
 
 
 def real(tokens: torch.Tensor, lengths: torch.Tensor | None, i: int) -> list[int]:
@@ -70,7 +74,7 @@ def test_bert_style_predicts_the_whole_row_and_mass_style_masks_every_noise_toke
 
 @pytest.mark.parametrize("noise_mask", ["iid", "random_spans"])
 def test_drop_splits_each_row_into_its_kept_and_its_noise_tokens(noise_mask: str) -> None:
-    objective = OBJECTIVES["drop"]
+    objective = OBJECTIVES["drop"]  # the declaration: its row length and widths
     raw = objective.row_length(32, args("drop"))
     tokens = rows(8, raw)
     dropped = pair("drop", tokens, noise_mask=noise_mask)
@@ -154,7 +158,7 @@ def test_sentence_permutation_moves_whole_sentences_then_the_noise_applies() -> 
 
     def noised(**changes):
         given = args("bart", **(values | changes)) | {"sentence_ends": ENDS}
-        return OBJECTIVES["bart"].pair(tokens, given, batch_generator(0, 0), V)
+        return implementations.objective("bart").pair(tokens, given, batch_generator(0, 0), V)
 
     shuffled = noised()
     assert torch.equal(shuffled.targets, original)

@@ -222,8 +222,8 @@ def test_albert_trains_sentence_order_with_factorized_embeddings_and_one_shared_
         ),
         (
             {"pretrain": {"input_format": "doc_sentences", "sampling": "epoch"}, "pack": {"sentences": True}},
-            "pretrain.input_format: doc_sentences draws its rows of the masked LM (objective mlm) at "
-            "random sentences (sampling random); pretrain.sampling is epoch",
+            "pretrain.input_format: doc_sentences draws its rows of an objective that trains input formats "
+            "(mlm) at random sentences (sampling random); pretrain.sampling is epoch",
         ),
     ],
 )

@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from lmpipe.params.pretrain import objectives_params
-from models.objectives import OBJECTIVES
+from models import implementations
 from models.objectives.bart import poisson_span_lengths
 from models.objectives.base import batch_generator
 from models.objectives.mlm import mask_tokens
-from models.objectives.noise import noise_count
 from models.objectives.spanbert import geometric_lengths, mask_spans
 from models.special import SPECIAL
+from models.specs.objectives import OBJECTIVES
+from models.specs.objectives.noise import noise_count
 
 VOCAB = 1000
 
@@ -101,7 +102,7 @@ def test_t5_span_corruption_is_its_stated_arithmetic() -> None:
     raw = objective.row_length(128, args)
     assert raw == 141
     tokens = rows(10_000, raw, 1)
-    pair = objective.pair(tokens, args, batch_generator(0, 0), VOCAB)
+    pair = implementations.objective("span").pair(tokens, args, batch_generator(0, 0), VOCAB)
     assert pair.inputs.shape == (10_000, 128) and pair.targets.shape == (10_000, 29)
     sentinels = [SPECIAL.sentinel(i) for i in range(7)]
     is_sentinel = (pair.inputs >= SPECIAL.first_sentinel) & (pair.inputs < SPECIAL.n_special)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models import implementations
 from models.objectives.base import batch_generator
-from models.objectives.bert_style import BertStyleParams
-from models.objectives.mlm import MLMParams, mask_tokens
+from models.objectives.mlm import mask_tokens
 from models.objectives.noise import random_spans_noise_mask
-from models.objectives.span import span_corrupt, span_corruption_lengths
+from models.objectives.span import span_corrupt
 from models.special import SPECIAL
+from models.specs.objectives.bert_style import BertStyleParams
+from models.specs.objectives.mlm import MLMParams
+from models.specs.objectives.span import span_corruption_lengths
 
 V = 5000
 
@@ -75,10 +78,9 @@ def test_masks_depend_on_the_seed_and_the_micro_batch_index_only() -> None:
 
 def test_causal_lm_targets_are_the_next_tokens() -> None:
     from models.architectures import ARCHITECTURES
-    from models.objectives import OBJECTIVES
 
     tokens = corpus_rows(3, 17)
-    pair = OBJECTIVES["clm"].pair(tokens, {}, batch_generator(0, 0), V)
+    pair = implementations.objective("clm").pair(tokens, {}, batch_generator(0, 0), V)
     batch = ARCHITECTURES["decoder"].batch(pair)
     inputs, targets = batch["input_ids"], batch["labels"]
     assert inputs.shape == targets.shape == (3, 16)
@@ -177,7 +179,7 @@ def test_every_objective_is_registered_once_and_named_alike_everywhere() -> None
     """One module per objective in the registry; params.yaml's `objectives` sections are derived from
     it, each validated by the objective's own params class."""
     from lmpipe.params.pretrain import objectives_params
-    from models.objectives import OBJECTIVES
+    from models.specs.objectives import OBJECTIVES
 
     sections = objectives_params()
     assert set(OBJECTIVES) == set(type(sections).model_fields)

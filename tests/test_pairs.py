@@ -15,16 +15,17 @@ from lmpipe.params.pretrain import PretrainSections
 from lmpipe.params.schema import parse
 from lmpipe.pretraining import train_config
 from lmpipe.runtime import StageError
+from models import implementations
 from models.architectures import ARCHITECTURES
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
 from models.lightning import PretrainModule, make_batch
-from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
-from models.objectives.lm import prefix_bounds
 from models.objectives.span import span_corrupt
 from models.pair import Pair
 from models.special import SPECIAL
+from models.specs.objectives import OBJECTIVES
+from models.specs.objectives.lm import prefix_bounds
 from models.transformer import Transformer, attention_mask
 
 VOCAB = 400
@@ -97,7 +98,7 @@ def test_decoder_reads_a_pair_concatenated_and_scores_its_targets_only() -> None
 
 def test_lm_objective_splits_rows_and_every_converter_restores_them() -> None:
     source = rows(64, 33)
-    pair = OBJECTIVES["lm"].pair(source, {"noise_density": 0.5}, batch_generator(1, 0), VOCAB)
+    pair = implementations.objective("lm").pair(source, {"noise_density": 0.5}, batch_generator(1, 0), VOCAB)
     fewest, most = prefix_bounds(33, 0.5)
     assert (fewest, most) == (1, 32)
     assert int(pair.input_lengths.min()) >= 1 and int(pair.input_lengths.max()) <= 32
@@ -156,14 +157,17 @@ def test_objective_params_are_validated_by_the_objectives_own_class() -> None:
 
 
 TOY = '''
-    """A toy objective and architecture, each registered from a module of its own."""
+    """A toy objective (its declaration and implementation) and architecture, registered from a module
+    of their own."""
 
     from dataclasses import dataclass, field
 
     from models.architectures import register as register_architecture
     from models.architectures.decoder import Decoder
-    from models.objectives import register as register_objective
-    from models.objectives.base import Objective, ObjectiveParams, Pair
+    from models.objectives.base import ObjectiveImplementation
+    from models.pair import Pair
+    from models.specs.objectives import register as register_objective
+    from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec
 
 
     @dataclass(frozen=True)
@@ -171,16 +175,19 @@ TOY = '''
         keep: int = field(default=4, metadata={"ge": 1})
 
 
-    class Reverse(Objective):
+    class Reverse(ObjectiveSpec):
         """Predict the first `keep` tokens of a row reversed, from the row."""
 
         name, kind, Params = "toy_reverse", "sequence", ReverseParams
-
-        def pair(self, rows, args, generator, vocab_size):
-            return Pair(rows, rows[:, : args["keep"]].flip(1))
+        implementation = "toy_plugin"
 
         def widths(self, seq_len, args):
             return seq_len, args["keep"], args["keep"]
+
+
+    class ReversedPairs(ObjectiveImplementation):
+        def pair(self, rows, args, generator, vocab_size):
+            return Pair(rows, rows[:, : args["keep"]].flip(1))
 
 
     class WideDecoder(Decoder):
@@ -194,6 +201,7 @@ TOY = '''
             return states.mean(1)
 
 
+    IMPLEMENTATION = ReversedPairs()
     register_objective(Reverse())
     register_architecture(WideDecoder())
 '''

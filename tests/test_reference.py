@@ -13,11 +13,11 @@ import torch.nn.functional as F
 
 from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
+from models import implementations
 from models.config import ModelConfig
 from models.hf import _embeddings, _encoder_layers, _gpt2, lm_transform_tensors
 from models.hf_reference import electra_pair
 from models.lightning import PretrainModule
-from models.objectives import OBJECTIVES
 from models.objectives.base import batch_generator
 from models.objectives.electra import replace_tokens
 from models.special import SPECIAL
@@ -61,7 +61,7 @@ def pretrain_module(cfg: ModelConfig, train) -> PretrainModule:
 def masked_pairs(module: PretrainModule, train, ids: torch.Tensor, pair_labels: torch.Tensor):
     """The masked LM's batch of segment pairs with their NSP or SOP labels, and its targets in the
     reference's form: the original token where masked, -100 elsewhere."""
-    pair = OBJECTIVES["mlm"].pair(ids, train.objective_args, batch_generator(0, 0), VOCAB)
+    pair = implementations.objective("mlm").pair(ids, train.objective_args, batch_generator(0, 0), VOCAB)
     batch = module.model.arch.batch(pair) | {"pair_labels": pair_labels}
     labels = torch.full_like(ids, -100).reshape(-1)
     labels[batch["positions"]] = batch["labels"]
@@ -253,7 +253,9 @@ def test_gpt_computes_what_gpt2_lm_head_model_does() -> None:
     reference.tie_weights()
 
     rows = torch.randint(SPECIAL.n_special, VOCAB, (ROWS, LENGTH), generator=torch.Generator().manual_seed(1))
-    batch = module.model.arch.batch(OBJECTIVES["clm"].pair(rows, {}, batch_generator(0, 0), VOCAB))
+    batch = module.model.arch.batch(
+        implementations.objective("clm").pair(rows, {}, batch_generator(0, 0), VOCAB)
+    )
     with torch.no_grad():
         ours = module.terms(batch)
         logits = module.model.lm_logits(module.model.decode(batch["input_ids"]))
@@ -341,7 +343,7 @@ def test_t5_computes_what_t5_for_conditional_generation_does(scale: float | None
     generator = torch.Generator().manual_seed(2)
     rows = torch.randint(SPECIAL.n_special, VOCAB, (ROWS, train.row_length()), generator=generator)
     batch = module.model.arch.batch(
-        OBJECTIVES["span"].pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
+        implementations.objective("span").pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
     )
     with torch.no_grad():
         ours = module.terms(batch)
@@ -440,7 +442,7 @@ def test_bart_computes_what_bart_for_conditional_generation_does() -> None:
         SPECIAL.n_special, VOCAB, (ROWS, train.row_length()), generator=torch.Generator().manual_seed(3)
     )
     batch = module.model.arch.batch(
-        OBJECTIVES["bart"].pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
+        implementations.objective("bart").pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
     )
     assert not batch["pad_mask"].all()  # text infilling's inputs differ in length: padding compared too
     with torch.no_grad():
@@ -473,7 +475,7 @@ def test_electra_computes_what_electra_for_pretraining_does(embedding_size: int 
     discriminator, masked_lm = (model.eval() for model in electra_pair(module))
 
     rows = few[torch.randint(0, len(few), (ROWS, LENGTH), generator=torch.Generator().manual_seed(2))]
-    pair = OBJECTIVES["electra"].pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
+    pair = implementations.objective("electra").pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
     batch = module.model.arch.batch(pair)
     ids, positions, labels = batch["input_ids"], batch["positions"], batch["labels"]
     masked = torch.full_like(ids, -100).reshape(-1)

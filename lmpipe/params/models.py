@@ -12,7 +12,7 @@ from lmpipe.params.schema import Sections, Strict
 from lmpipe.runtime import StageError
 from models.architectures import ARCHITECTURES
 from models.config import PRESETS, ModelConfig
-from models.objectives import OBJECTIVES
+from models.specs.objectives import OBJECTIVES
 
 # a variant may override every field of the model config but the architecture (its own key) and what
 # the tokenizer decides (the vocabulary, the padding id): their types and bounds are the config's own

@@ -12,8 +12,8 @@ from pydantic import Field, ValidationError, create_model, field_validator, mode
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Strict, _problems
 from models.architectures import ARCHITECTURES
-from models.input_formats import PAIR_FORMATS, InputFormat
-from models.objectives import OBJECTIVES
+from models.specs.input_formats import PAIR_FORMATS, InputFormat
+from models.specs.objectives import OBJECTIVES
 
 
 def _section_model(name: str) -> type[Strict]:
@@ -193,15 +193,17 @@ class PretrainSections(ModelsSections):
                     )
             static = [part.name for _, part, own in parts if part.static_copies(own)]
             sampling, fmt = run.sampling, run.input_format
-            if fmt != "full_sentences" and (variant.objective != "mlm" or sampling != "random"):
+            formats = OBJECTIVES[variant.objective].pair_formats
+            if fmt != "full_sentences" and (not formats or sampling != "random"):
                 wrong = (
                     f"models.{name}.objective is {variant.objective}"
-                    if variant.objective != "mlm"
+                    if not formats
                     else f"{self.pretrain_key(name, 'sampling')} is {sampling}"
                 )
+                takes = ", ".join(o.name for o in OBJECTIVES.values() if o.pair_formats)
                 raise ValueError(
-                    f"{self.pretrain_key(name, 'input_format')}: {fmt} draws its rows of the masked LM "
-                    f"(objective mlm) at random sentences (sampling random); {wrong}"
+                    f"{self.pretrain_key(name, 'input_format')}: {fmt} draws its rows of an objective "
+                    f"that trains input formats ({takes}) at random sentences (sampling random); {wrong}"
                 )
             if run.short_seq_prob and fmt != "segment_pair":
                 raise ValueError(

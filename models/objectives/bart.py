@@ -10,27 +10,20 @@ GPT-2's full-stop token, and a row's first and last sentences are cut by the row
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
 
-from models.objectives.base import Args, Objective, ObjectiveParams, Pair
+import torch
+from torch import Tensor
+
+from models.objectives.base import ObjectiveImplementation
 from models.objectives.noise import iid_noise_mask, noise_count, stacked, with_eos
+from models.pair import Pair
 from models.special import SPECIAL
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor
-
-Noise = Literal["token_masking", "token_deletion", "text_infilling", "document_rotation", "none"]
+from models.specs.objectives.base import Args
 
 
 def poisson_span_lengths(num_noise: int, most: int, lam: float, generator: torch.Generator) -> Tensor:
     """Span lengths drawn from Poisson(λ) until they cover `num_noise` tokens, the last one cut to fit
     (fairseq's span-poisson masking); a zero is an insertion. At most `most` spans: zeros go first."""
-    import torch
-
     draws, total = [], 0
     while total < num_noise:
         draws.append(torch.poisson(torch.full((num_noise + 1,), lam), generator=generator).long())
@@ -52,8 +45,6 @@ def poisson_span_lengths(num_noise: int, most: int, lam: float, generator: torch
 def text_infilling(row: Tensor, noise_density: float, lam: float, generator: torch.Generator) -> Tensor:
     """The row with Poisson(λ) spans covering `noise_density` of it, each replaced by one [MASK], at
     distinct places between the kept tokens (two spans never merge)."""
-    import torch
-
     length = len(row)
     num_noise = noise_count(length, noise_density)
     kept = length - num_noise
@@ -75,8 +66,6 @@ def permute_sentences(row: Tensor, ends: Tensor, share: float, generator: torch.
     """The row with `share` of its sentences (rounded up) permuted among their places, as fairseq's
     `permute_sentences`; `ends` [vocab] bool marks the pieces that end a sentence (a run of them ends
     one sentence, after its last)."""
-    import torch
-
     is_end = ends[row]
     is_end[-1] = True
     stops = ((is_end[:-1] & ~is_end[1:]).nonzero().squeeze(1) + 1).tolist() + [len(row)]
@@ -89,8 +78,6 @@ def permute_sentences(row: Tensor, ends: Tensor, share: float, generator: torch.
 
 
 def noised(row: Tensor, args: Args, generator: torch.Generator) -> Tensor:
-    import torch
-
     if args["permute_sentences"] > 0:
         row = permute_sentences(row, args["sentence_ends"], args["permute_sentences"], generator)
     noise = args["noise"]
@@ -106,66 +93,10 @@ def noised(row: Tensor, args: Args, generator: torch.Generator) -> Tensor:
     return torch.where(chosen, SPECIAL.mask, row)
 
 
-@dataclass(frozen=True)
-class BartParams(ObjectiveParams):
-    noise: Noise = field(
-        default="text_infilling",
-        metadata={"description": "BART's noise function, after any sentence permutation (none: that alone)"},
-    )
-    noise_density: float = field(
-        default=0.3,
-        metadata={"gt": 0.0, "lt": 1.0, "description": "the tokens masked, deleted or infilled (BART's 0.3)"},
-    )
-    poisson_lambda: float = field(
-        default=3.0, metadata={"gt": 0.0, "description": "text_infilling: the mean span length"}
-    )
-    permute_sentences: float = field(
-        default=0.0,
-        metadata={
-            "ge": 0.0,
-            "le": 1.0,
-            "description": "the share of a row's sentences permuted before the noise (fairseq's "
-            "--permute-sentences; BART's own models 1.0); needs the tokenizer's sentence ends",
-        },
-    )
-
-    def check(self) -> None:
-        if self.noise == "none" and self.permute_sentences == 0:
-            raise ValueError("noise none with permute_sentences 0 corrupts nothing: the decoder would copy")
-        if self.noise == "text_infilling" and self.noise_density > 0.5:
-            raise ValueError(
-                "text_infilling places its spans between kept tokens: noise_density must be <= 0.5"
-            )
-
-
-class BartDenoising(Objective):
-    name, kind, Params = "bart", "sequence", BartParams
-
-    def row_length(self, seq_len: int, args: Args) -> int:
-        return seq_len - 1  # and EOS
-
-    def piece_tables(self, args: Args) -> tuple[str, ...]:
-        return ("sentence_ends",) if args["permute_sentences"] > 0 else ()
-
+class BartDenoising(ObjectiveImplementation):
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        import torch
-
         inputs, input_lengths = stacked([with_eos(noised(row, args, generator)) for row in rows])
         return Pair(inputs, torch.stack([with_eos(row) for row in rows]), input_lengths)
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        raw = seq_len - 1
-        num_noise = noise_count(raw, args["noise_density"])
-        if args["noise"] == "token_deletion":
-            return raw - num_noise + 1, seq_len, seq_len
-        if args["noise"] == "text_infilling":  # about num_noise / λ spans, one [MASK] each
-            return round(raw - num_noise + num_noise / args["poisson_lambda"] + 1), seq_len, seq_len
-        return seq_len, seq_len, seq_len
 
-    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
-        # spans never outnumber the noise tokens they replace
-        deleted = args["noise"] == "token_deletion"
-        return [((self.widths(seq_len, args)[0] if deleted else seq_len), seq_len)]
-
-
-OBJECTIVE = BartDenoising()
+IMPLEMENTATION = BartDenoising()

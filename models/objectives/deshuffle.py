@@ -4,39 +4,20 @@ permutation is of the whole row, token by token."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import torch
+from torch import Tensor
 
-from models.objectives.base import Args, Objective, ObjectiveParams, Pair
+from models.objectives.base import ObjectiveImplementation
 from models.objectives.noise import with_eos
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor
+from models.pair import Pair
+from models.specs.objectives.base import Args
 
 
-@dataclass(frozen=True)
-class DeshuffleParams(ObjectiveParams):
-    """No params: every token of the row is shuffled."""
-
-
-class Deshuffling(Objective):
-    name, kind, Params = "deshuffle", "sequence", DeshuffleParams
-
-    def row_length(self, seq_len: int, args: Args) -> int:
-        return seq_len - 1  # and EOS
-
+class Deshuffling(ObjectiveImplementation):
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        import torch
-
         shuffled = [row[torch.randperm(len(row), generator=generator)] for row in rows]
         inputs = torch.stack([with_eos(row) for row in shuffled])
         return Pair(inputs, torch.stack([with_eos(row) for row in rows]))
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        return seq_len, seq_len, seq_len
 
-
-OBJECTIVE = Deshuffling()
+IMPLEMENTATION = Deshuffling()

@@ -3,47 +3,17 @@ drew it, or spans) is removed from the inputs, and the targets are the noise tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import torch
+from torch import Tensor
 
-from models.objectives.base import Args, Objective, ObjectiveParams, Pair
-from models.objectives.noise import NoiseMask, noise_count, noise_mask, with_eos
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor
+from models.objectives.base import ObjectiveImplementation
+from models.objectives.noise import noise_mask, with_eos
+from models.pair import Pair
+from models.specs.objectives.base import Args
 
 
-def raw_length(seq_len: int, noise_density: float) -> int:
-    """The longest row whose kept tokens and EOS fit `seq_len` inputs."""
-    raw = seq_len
-    while raw + 1 - noise_count(raw + 1, noise_density) + 1 <= seq_len:
-        raw += 1
-    return raw
-
-
-@dataclass(frozen=True)
-class DropParams(ObjectiveParams):
-    noise_density: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
-    noise_mask: NoiseMask = field(
-        default="iid", metadata={"description": "iid: T5's objective tables; random_spans: spans"}
-    )
-    mean_span_length: float = field(
-        default=3.0, metadata={"ge": 1.0, "description": "random_spans: the mean noise span"}
-    )
-
-
-class DropCorrupted(Objective):
-    name, kind, Params = "drop", "sequence", DropParams
-
-    def row_length(self, seq_len: int, args: Args) -> int:
-        return raw_length(seq_len, args["noise_density"])
-
+class DropCorrupted(ObjectiveImplementation):
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        import torch
-
         inputs, targets = [], []
         for row in rows:
             noise = noise_mask(
@@ -53,10 +23,5 @@ class DropCorrupted(Objective):
             targets.append(with_eos(row[noise]))
         return Pair(torch.stack(inputs), torch.stack(targets))
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        raw = self.row_length(seq_len, args)
-        num_noise = noise_count(raw, args["noise_density"])
-        return raw - num_noise + 1, num_noise + 1, num_noise + 1
 
-
-OBJECTIVE = DropCorrupted()
+IMPLEMENTATION = DropCorrupted()

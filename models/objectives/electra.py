@@ -8,56 +8,18 @@ rest kept (no random tokens); a token counts as replaced only where the sample d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+from torch import Tensor, nn
 
-from models.objectives.base import Args, Objective, ObjectiveParams, Pair, Terms
+from models.config import ModelConfig
+from models.objectives.base import ObjectiveImplementation, Terms
 from models.objectives.mlm import mask_tokens
+from models.pair import Pair
+from models.specs.objectives.base import Args
 from models.stack_flops import lm_head_weights, stack_forward_flops
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor, nn
-
-    from models.config import ModelConfig
-
-
-@dataclass(frozen=True)
-class ElectraParams(ObjectiveParams):
-    mask_rate: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
-    mask_fraction: float = field(
-        default=0.85, metadata={"ge": 0.0, "le": 1.0, "description": "of the selected: [MASK]; the rest kept"}
-    )
-    generator_width: float = field(
-        default=0.25,
-        metadata={
-            "gt": 0.0,
-            "le": 1.0,
-            "description": "the generator's width, heads and MLP as a fraction of the discriminator's (its "
-            "depth is the discriminator's; ELECTRA: 1/4)",
-        },
-    )
-    generator_head: Literal["transform", "tied"] = field(
-        default="transform",
-        metadata={
-            "description": "the generator's prediction head: transform (ELECTRA's: dense to the embeddings' "
-            "width, GELU, LayerNorm, output bias) | tied (back through the input projection's matrix)"
-        },
-    )
-    discriminator_weight: float = field(
-        default=50.0, metadata={"gt": 0.0, "description": "λ of the discriminator's loss (ELECTRA: 50)"}
-    )
-    lr: float | None = field(
-        default=5e-5,
-        metadata={
-            "gt": 0.0,
-            "description": "an ELECTRA model's pretraining learning rate, in place of pretrain.lr (a "
-            "model's own models.<name>.pretrain.lr wins; null: pretrain.lr). Above about 5e-5 the "
-            "discriminator of a small model collapses to its prior (docs/models.md)",
-        },
-    )
+from models.transformer import Stack, Transformer, init_normal, rope_tables
 
 
 def generator_config(model: ModelConfig, width: float) -> ModelConfig:
@@ -79,9 +41,6 @@ def generator_config(model: ModelConfig, width: float) -> ModelConfig:
 
 def detector_head(d_model: int, init_std: float) -> nn.Module:
     """ELECTRA's discriminator head: a dense layer, GELU and one logit a token (replaced or not)."""
-    import torch
-
-    from models.transformer import init_normal
 
     head = torch.nn.Sequential(
         torch.nn.Linear(d_model, d_model), torch.nn.GELU(), torch.nn.Linear(d_model, 1)
@@ -96,8 +55,6 @@ def replace_tokens(
     generator's softmax, drawn by inverse CDF with that position's uniform from the batch (so seeded
     and resumable, with no gradient through it); replaced (1.0) where the sample differs from the
     original token, original (0.0) everywhere else."""
-    import torch
-
     with torch.no_grad():
         cdf = logits.detach().float().softmax(-1).cumsum(-1)
         targets = uniforms[:, None].to(cdf.dtype) * cdf[:, -1:]  # the sum's rounding: never past the end
@@ -117,10 +74,6 @@ def collapse_measures(
     """What shows a discriminator's collapse (docs/results/2026-11.md): the ROC AUC of its scores on
     the real tokens (0.5 at chance; scikit-learn's, on the host: validation only), and the mean cosine
     between two positions' final states in a row (near 1 when every state is one vector)."""
-    import torch
-    import torch.nn.functional as F
-    from sklearn.metrics import roc_auc_score
-
     real = torch.ones_like(replaced, dtype=torch.bool) if pad_mask is None else pad_mask.reshape(-1)
     labels, ranked = replaced[real].cpu().numpy(), scores[real].detach().float().cpu().numpy()
     both = 0 < labels.sum() < len(labels)
@@ -133,12 +86,7 @@ def collapse_measures(
 
 
 def make_head(model: ModelConfig, args: Args) -> nn.Module:
-    """The generator and the discriminator's head: a module built here, so that this file imports no
-    torch at the top (params validation imports the objectives)."""
-    import torch
-    import torch.nn.functional as F
-
-    from models.transformer import Stack, Transformer, init_normal, rope_tables
+    """The generator and the discriminator's head, trained beside the model (the discriminator)."""
 
     class Generator(torch.nn.Module):
         """A masked LM on the discriminator's embeddings (and their norm, post-LN) projected to its
@@ -212,30 +160,17 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
     return ElectraHead()
 
 
-class Electra(Objective):
-    name, kind, Params = "electra", "aligned", ElectraParams
-    trains_lm_head = False  # the generator predicts tokens; the model (the discriminator) detects them
-
+class Electra(ObjectiveImplementation):
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        import torch
-
         masked = mask_tokens(rows, generator, vocab_size, args["mask_rate"], args["mask_fraction"], 0.0)
         # one uniform a selected token, in the order of its flat position: the generator's sample there
         uniforms = torch.rand(masked.positions.shape, generator=generator)
         return Pair(masked.input_ids, rows, noise=masked.selected, extras={"sample_uniforms": uniforms})
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        return seq_len, seq_len, args["mask_rate"] * seq_len  # the generator's expected predictions
-
-    def has_head(self, args: Args) -> bool:
-        return True
-
     def head(self, model: ModelConfig, args: Args) -> nn.Module:
         return make_head(model, args)
 
     def example_extras(self, predicted: int, args: Args) -> dict[str, Tensor]:
-        import torch
-
         return {"sample_uniforms": torch.zeros(predicted, device="meta")}
 
     def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int:
@@ -259,4 +194,4 @@ class Electra(Objective):
         return flops + 2 * b * seq_len * (model.d_model * model.d_model + model.d_model)
 
 
-OBJECTIVE = Electra()
+IMPLEMENTATION = Electra()

@@ -4,29 +4,18 @@ round((1 - 2·noise_density)·(L - 1)) and L - 1 tokens, uniformly; noise_densit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import torch
+from torch import Tensor
 
-from models.objectives.base import Args, Objective, ObjectiveParams, Pair
+from models.objectives.base import ObjectiveImplementation
+from models.pair import Pair
 from models.special import SPECIAL
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor
-
-
-def prefix_bounds(length: int, noise_density: float) -> tuple[int, int]:
-    """The fewest and most input tokens of a row of `length` (T5's random_prefix_noise_mask)."""
-    most = length - 1
-    return min(most, max(1, round((1 - 2 * noise_density) * most))), most
+from models.specs.objectives.base import Args
+from models.specs.objectives.lm import prefix_bounds
 
 
 def split_rows(rows: Tensor, input_lengths: Tensor) -> Pair:
     """Each row's first `input_lengths[b]` tokens as inputs, the rest as targets, both right-padded."""
-    import torch
-
     length = rows.shape[1]
     column = torch.arange(length)[None, :]
     target_lengths = length - input_lengths
@@ -41,34 +30,10 @@ def split_rows(rows: Tensor, input_lengths: Tensor) -> Pair:
     )
 
 
-@dataclass(frozen=True)
-class LMParams(ObjectiveParams):
-    noise_density: float = field(
-        default=0.5,
-        metadata={"gt": 0.0, "lt": 1.0, "description": "the expected fraction of a row that is targets"},
-    )
-
-
-class PrefixLMObjective(Objective):
-    name, kind, Params = "lm", "sequence", LMParams
-
-    def row_length(self, seq_len: int, args: Args) -> int:
-        return seq_len + 1  # a decoder-only model reads seq_len of them, as with clm
-
+class PrefixLM(ObjectiveImplementation):
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        import torch
-
         fewest, most = prefix_bounds(rows.shape[1], args["noise_density"])
         return split_rows(rows, torch.randint(fewest, most + 1, (len(rows),), generator=generator))
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        fewest, most = prefix_bounds(seq_len + 1, args["noise_density"])
-        inputs = (fewest + most) / 2
-        return round(inputs), seq_len + 1 - round(inputs), seq_len + 1 - inputs
 
-    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
-        fewest, most = prefix_bounds(seq_len + 1, args["noise_density"])
-        return [(most, seq_len + 1 - most), (fewest, seq_len + 1 - fewest)]
-
-
-OBJECTIVE = PrefixLMObjective()
+IMPLEMENTATION = PrefixLM()

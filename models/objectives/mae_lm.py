@@ -9,38 +9,22 @@ says so), where MAE-LM's gathers the 85 % it reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from models.objectives.base import Args, Objective, ObjectiveParams, Pair, Terms
+from models.config import ModelConfig
+from models.objectives.base import ObjectiveImplementation, Terms
 from models.objectives.mlm import mask_tokens
+from models.pair import Pair
 from models.special import SPECIAL
+from models.specs.objectives.base import Args
+from models.specs.objectives.mae_lm import OBJECTIVE as DECLARED
 from models.stack_flops import lm_head_weights, stack_forward_flops
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor, nn
-
-    from models.config import ModelConfig
-
-
-@dataclass(frozen=True)
-class MaeLmParams(ObjectiveParams):
-    mask_rate: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
-    decoder_layers: int = field(
-        default=4,
-        metadata={"ge": 1, "description": "the decoder's layers, at the encoder's width (MAE-LM: 4)"},
-    )
+from models.transformer import Stack, Transformer, init_normal
 
 
 def make_head(model: ModelConfig, args: Args) -> nn.Module:
-    import torch
-    import torch.nn.functional as F
-
-    from models.transformer import Stack, Transformer, init_normal
-
     class MaeLmHead(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -68,19 +52,10 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
     return MaeLmHead()
 
 
-class MaeLm(Objective):
-    name, kind, Params = "mae_lm", "aligned", MaeLmParams
-    trains_lm_head = False  # the decoder's states feed the LM head, never the encoder's
-
+class MaeLm(ObjectiveImplementation):
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
         masked = mask_tokens(rows, generator, vocab_size, args["mask_rate"], 1.0, 0.0)
         return Pair(masked.input_ids, rows, noise=masked.selected)
-
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        return seq_len, seq_len, args["mask_rate"] * seq_len
-
-    def has_head(self, args: Args) -> bool:
-        return True
 
     def head(self, model: ModelConfig, args: Args) -> nn.Module:
         return make_head(model, args)
@@ -91,8 +66,8 @@ class MaeLm(Objective):
         b, d, e = batch_size, model.d_model, model.embedding_size
         flops = stack_forward_flops(b, seq_len, args["decoder_layers"], d, model.d_ff, model.mlp)
         flops += 2 * b * seq_len * e * d if e else 0
-        predicted = round(self.widths(seq_len, args)[2] * b)
+        predicted = round(DECLARED.widths(seq_len, args)[2] * b)
         return flops + 2 * predicted * lm_head_weights(d, e, model.vocab_size, model.lm_head == "transform")
 
 
-OBJECTIVE = MaeLm()
+IMPLEMENTATION = MaeLm()

@@ -4,21 +4,19 @@ words or SpanBERT's spans, and its boundary objective, are options (models/objec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
 
+import torch
+from torch import Tensor, nn
+
+from models.config import ModelConfig
 from models.objectives import spanbert
-from models.objectives.base import Args, Objective, ObjectiveParams, Pair
-from models.objectives.noise import bert_replacement, check_replacement_split
+from models.objectives.base import ObjectiveImplementation
+from models.objectives.noise import bert_replacement
+from models.pair import Pair
 from models.special import SPECIAL
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor, nn
-
-    from models.config import ModelConfig
+from models.specs.objectives.base import Args
+from models.specs.objectives.mlm import OBJECTIVE as DECLARED
 
 
 @dataclass
@@ -39,8 +37,6 @@ def mask_tokens(
 ) -> MaskedBatch:
     """BERT's selection and 80/10/10 replacement (the shares checked with the params:
     `objectives.mlm`, `MLMParams`)."""
-    import torch
-
     if vocab_size <= SPECIAL.n_special:
         raise ValueError(f"vocab_size ({vocab_size}) must exceed the {SPECIAL.n_special} special ids")
     flat = tokens.reshape(-1)
@@ -55,58 +51,7 @@ def mask_tokens(
     return MaskedBatch(inputs.view_as(tokens), selected.view_as(tokens), positions, labels)
 
 
-@dataclass(frozen=True)
-class MLMParams(ObjectiveParams):
-    mask_rate: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
-    mask_fraction: float = field(default=0.8, metadata={"ge": 0.0, "le": 1.0})
-    random_fraction: float = field(default=0.1, metadata={"ge": 0.0, "le": 1.0})
-    masking: Literal["dynamic", "static"] = field(
-        default="dynamic",
-        metadata={
-            "description": "dynamic: fresh masks every time a row is read (RoBERTa); static: each row's "
-            "masks fixed per copy of the data (BERT's dupe_factor), the copies read in turn, epoch by "
-            "epoch (needs pretrain.sampling: epoch)"
-        },
-    )
-    copies: int = field(default=10, metadata={"ge": 1, "description": "static masking's copies (BERT: 10)"})
-    mask_unit: Literal["token", "word", "span"] = field(
-        default="token",
-        metadata={
-            "description": "token: BERT's; word: whole words; span: SpanBERT's spans of whole words, "
-            "geometric lengths (span_p, max_span); each word or span masked, replaced or kept as a whole"
-        },
-    )
-    span_p: float = field(
-        default=0.2, metadata={"gt": 0.0, "le": 1.0, "description": "span: the geometric p"}
-    )
-    max_span: int = field(default=10, metadata={"ge": 1, "description": "span: the longest span, in words"})
-    boundary_loss: bool = field(
-        default=False,
-        metadata={
-            "description": "SpanBERT's span-boundary objective beside the masked LM: each masked token "
-            "predicted from the tokens around its span and its offset (mask_unit word or span)"
-        },
-    )
-    pair_loss: Literal["nsp", "sop", "none"] = field(
-        default="nsp",
-        metadata={
-            "description": "on a pair format's [CLS] (pretrain.input_format segment_pair, sentence_pair): "
-            "BERT's next-sentence prediction, ALBERT's sentence-order prediction, or none; the other "
-            "formats have no pairs and no such loss"
-        },
-    )
-
-    def check(self) -> None:
-        check_replacement_split(self.mask_fraction, self.random_fraction)
-        if self.boundary_loss and self.mask_unit == "token":
-            raise ValueError("boundary_loss: the span-boundary objective needs spans: mask_unit word or span")
-        if self.boundary_loss and self.masking == "static":  # static rows are stacked one by one
-            raise ValueError("boundary_loss: the span-boundary objective takes masking: dynamic")
-
-
-class MaskedLM(Objective):
-    name, kind, Params = "mlm", "aligned", MLMParams
-
+class MaskedLM(ObjectiveImplementation):
     def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
         split = args["mask_rate"], args["mask_fraction"], args["random_fraction"]
         if args["mask_unit"] != "token":
@@ -123,28 +68,16 @@ class MaskedLM(Objective):
         masked = mask_tokens(rows, generator, vocab_size, *split)
         return Pair(masked.input_ids, rows, noise=masked.selected)
 
-    def piece_tables(self, args: Args) -> tuple[str, ...]:
-        return ("word_starts",) if args["mask_unit"] != "token" else ()
-
-    def has_head(self, args: Args) -> bool:
-        return args["boundary_loss"]
-
     def head(self, model: ModelConfig, args: Args) -> nn.Module | None:
-        return spanbert.boundary_head(model) if self.has_head(args) else None
+        return spanbert.boundary_head(model) if DECLARED.has_head(args) else None
 
     def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int | None:
         if not args["boundary_loss"]:
             return None
-        return spanbert.boundary_head_flops(model, round(self.widths(seq_len, args)[2] * batch_size))
+        return spanbert.boundary_head_flops(model, round(DECLARED.widths(seq_len, args)[2] * batch_size))
 
     def example_extras(self, predicted: int, args: Args) -> dict[str, Tensor]:
         return spanbert.example_extras(predicted) if args["boundary_loss"] else {}
 
-    def static_copies(self, args: Args) -> int | None:
-        return args["copies"] if args["masking"] == "static" else None
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        return seq_len, seq_len, args["mask_rate"] * seq_len  # the expected selection
-
-
-OBJECTIVE = MaskedLM()
+IMPLEMENTATION = MaskedLM()

@@ -6,36 +6,17 @@ noise after its sentinels, the noise alone, the whole original)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import torch
+from torch import Tensor
 
 from models.special import SPECIAL
+from models.specs.objectives.noise import NoiseMask, noise_count, span_counts
 
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor
-
-NoiseMask = Literal["random_spans", "iid"]
 LAST_SENTINEL = SPECIAL.first_sentinel + SPECIAL.n_sentinels - 1
-
-
-def noise_count(length: int, noise_density: float) -> int:
-    """Noise tokens of a row: round(length · density), at least one, and one token left (T5's)."""
-    return min(max(int(round(length * noise_density)), 1), length - 1)
-
-
-def span_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
-    """(noise tokens, noise spans) of a row, as T5's random_spans_noise_mask counts them."""
-    num_noise = noise_count(length, noise_density)
-    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
-    return num_noise, min(num_spans, num_noise, length - num_noise)
 
 
 def random_segmentation(num_items: int, num_segments: int, generator: torch.Generator) -> Tensor:
     """Lengths of `num_segments` non-empty segments that add up to `num_items`, uniformly at random."""
-    import torch
-
     first_in_segment = torch.zeros(num_items, dtype=torch.long)
     cuts = torch.randperm(num_items - 1, generator=generator)[: num_segments - 1] + 1
     first_in_segment[cuts] = 1
@@ -47,8 +28,6 @@ def random_spans_noise_mask(
     length: int, noise_density: float, mean_noise_span_length: float, generator: torch.Generator
 ) -> Tensor:
     """T5's noise mask: alternating non-noise and noise spans, starting with non-noise."""
-    import torch
-
     original_length = length
     length = max(length, 2)  # as T5: at least one noise and one non-noise token
     num_noise, num_spans = span_counts(length, noise_density, mean_noise_span_length)
@@ -63,8 +42,6 @@ def iid_noise_mask(length: int, noise_density: float, generator: torch.Generator
     """Each token noise independently of its neighbours (T5's iid_noise_mask), `noise_count` of them:
     T5 draws a Bernoulli per token; a fixed count keeps every pair within widths the model is checked
     against (`Objective.longest`) and changes no token's chance of being noise."""
-    import torch
-
     chosen = torch.randperm(length, generator=generator)[: noise_count(length, noise_density)]
     return torch.zeros(length, dtype=torch.bool).index_fill_(0, chosen, True)
 
@@ -79,8 +56,6 @@ def noise_mask(
 
 def span_starts(noise: Tensor) -> Tensor:
     """True where a run of noise begins."""
-    import torch
-
     return noise & ~torch.cat([noise.new_zeros(1), noise[:-1]])
 
 
@@ -93,8 +68,6 @@ def sentinel_ids(starts: Tensor) -> Tensor:
 
 def replace_spans(row: Tensor, spans: Tensor) -> Tensor:
     """Each run of True in `spans` becomes its sentinel; the other tokens are kept."""
-    import torch
-
     starts = span_starts(spans)
     return torch.where(starts, sentinel_ids(starts), row)[~spans | starts]
 
@@ -103,8 +76,6 @@ def noise_after_sentinels(row: Tensor, noise: Tensor) -> Tensor:
     """The noise tokens alone, each span after its sentinel (as `replace_spans` numbers them in the
     inputs): T5's targets, which its nonnoise_span_to_unique_sentinel makes of a mask that starts with
     kept tokens."""
-    import torch
-
     starts = span_starts(noise)
     sentinels = torch.where(starts, sentinel_ids(starts), -1)
     kept = torch.where(noise, row, -1)
@@ -123,8 +94,6 @@ def mask_or_random(
     """Each noise token becomes the mask token (`mask_fraction`), a random non-special token
     (`random_fraction`) or stays itself (the rest): BERT's 80/10/10 (T5's
     noise_token_to_random_token_or_sentinel is 90/10, MASS-style 100/0)."""
-    import torch
-
     choice = torch.rand(row.shape, generator=generator)
     random_ids = torch.randint(SPECIAL.n_special, vocab_size, row.shape, generator=generator)
     return torch.where(noise, bert_replacement(row, choice, random_ids, mask_fraction, random_fraction), row)
@@ -135,8 +104,6 @@ def bert_replacement(
 ) -> Tensor:
     """BERT's rule for a selected token, by its uniform draw `choice`: below `mask_fraction` the mask
     token, below `mask_fraction + random_fraction` its random id, else the token itself (80/10/10)."""
-    import torch
-
     return torch.where(
         choice < mask_fraction,
         torch.full_like(tokens, SPECIAL.mask),
@@ -144,22 +111,12 @@ def bert_replacement(
     )
 
 
-def check_replacement_split(mask_fraction: float, random_fraction: float) -> None:
-    """What `bert_replacement` needs of an objective's params: the two shares leave the kept one >= 0."""
-    if mask_fraction + random_fraction > 1.0:
-        raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
-
-
 def with_eos(row: Tensor) -> Tensor:
-    import torch
-
     return torch.cat([row, row.new_full((1,), SPECIAL.eos)])
 
 
 def stacked(rows: list[Tensor]) -> tuple[Tensor, Tensor | None]:
     """Rows of tokens as one right-padded tensor, and their lengths (None when all are as long)."""
-    import torch
-
     lengths = torch.tensor([len(row) for row in rows])
     if bool((lengths == lengths[0]).all()):
         return torch.stack(rows), None

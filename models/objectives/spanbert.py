@@ -10,21 +10,18 @@ offset in the span (a two-layer GELU and LayerNorm network), through the tied LM
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from models.objectives.base import Args, Terms
+from models.config import ModelConfig
+from models.objectives.base import Terms
 from models.special import SPECIAL, SpecialIds
+from models.specs.objectives.base import Args
 from models.stack_flops import lm_head_weights
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor, nn
-
-    from models.config import ModelConfig
+from models.transformer import Transformer, init_normal
 
 
 @dataclass
@@ -69,8 +66,6 @@ def mask_spans(
     tokens are selected (the last span cut at the budget, as SpanBERT's); an anchor word already in a
     span is drawn again, and a span runs over words already masked (they count once), as SpanBERT's
     loop does: a token keeps the last span's boundaries."""
-    import torch
-
     batch, width = tokens.shape
     starts = word_starts_of(tokens, word_table, special)
     inputs = tokens.clone()
@@ -124,10 +119,6 @@ def mask_spans(
 def boundary_head(model: ModelConfig) -> nn.Module:
     """The masked LM's step with SpanBERT's boundary objective beside it: the module PretrainModule
     trains as the objective's head (models/objectives/base.py)."""
-    import torch
-    import torch.nn.functional as F
-
-    from models.transformer import Transformer, init_normal
 
     d = model.d_model
 
@@ -174,8 +165,6 @@ def boundary_head_flops(model: ModelConfig, predicted: int) -> int:
 
 
 def example_extras(predicted: int) -> dict[str, Tensor]:
-    import torch
-
     return {
         key: torch.zeros(predicted, dtype=torch.long, device="meta")
         for key in ("span_left", "span_right", "span_offset")

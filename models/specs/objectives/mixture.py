@@ -9,15 +9,9 @@ from __future__ import annotations
 
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from models.objectives.base import Args, Objective, ObjectiveParams, Pair
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    import torch
-    from torch import Tensor
+from models.specs.objectives.base import OBJECTIVES, Args, ObjectiveParams, ObjectiveSpec, register
 
 # UniLM's three masks (its right-to-left LM left out): a bidirectional masked LM, a left-to-right LM and
 # a sequence-to-sequence LM, in equal shares
@@ -40,10 +34,8 @@ UL2 = {
 }
 
 
-def resolved(components: dict[str, dict[str, Any]]) -> list[tuple[str, float, Objective, Args]]:
+def resolved(components: dict[str, dict[str, Any]]) -> list[tuple[str, float, ObjectiveSpec, Args]]:
     """(name, weight, objective, its full args) of each component; a ValueError names a bad one."""
-    from models.objectives import OBJECTIVES
-
     if not components:
         raise ValueError("components: give at least one")
     found = []
@@ -94,16 +86,16 @@ class UL2Params(UniLMParams):
     components: dict[str, dict[str, Any]] = field(default_factory=lambda: deepcopy(UL2), metadata=COMPONENTS)
 
 
-class Mixture(Objective):
+class Mixture(ObjectiveSpec):
     """A mixture: its components make the batches (models/lightning.py: make_batch draws one per
     micro-batch), its FLOPs are theirs by share (models/flops.py)."""
 
-    kind = None
+    kind, implementation = None, None
 
     def __init__(self, name: str, params: type[ObjectiveParams]) -> None:
         self.name, self.Params = name, params
 
-    def components(self, args: Args) -> list[tuple[float, Objective, Args]]:
+    def components(self, args: Args) -> list[tuple[float, ObjectiveSpec, Args]]:
         found = resolved(args["components"])
         total = sum(weight for _, weight, _, _ in found)
         return [(weight / total, objective, own) for _, weight, objective, own in found]
@@ -111,8 +103,9 @@ class Mixture(Objective):
     def row_length(self, seq_len: int, args: Args) -> int:
         return max(objective.row_length(seq_len, own) for _, objective, own in self.components(args))
 
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        raise NotImplementedError("a mixture's pairs are its components' (make_batch draws one)")
-
     def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
         raise NotImplementedError("a mixture's widths are its components' (models/flops.py)")
+
+
+register(Mixture("unilm", UniLMParams))
+register(Mixture("ul2", UL2Params))

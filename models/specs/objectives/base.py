@@ -1,0 +1,113 @@
+"""What an objective declares: its params with their bounds, the pair kind it makes, the tokens a row
+reads and the widths of its pair, the data it needs, and where its implementation is. No torch: every
+stage imports the declarations when it validates params.yaml (models/objectives/base.py: what an
+implementation computes)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
+
+from models.pair import PairKind
+
+Args = Mapping[str, Any]  # params.yaml `objectives.<name>`
+
+
+@dataclass(frozen=True)
+class ObjectiveParams:
+    """An objective's section of params.yaml (`objectives.<name>`): its fields, their bounds and
+    description in each field's metadata (lmpipe/params/pretrain.py builds the schema from them, as
+    lmpipe/params/models.py does from models/config.py; models/ needs no pydantic)."""
+
+    def check(self) -> None:
+        """Rules across fields: a ValueError says which is broken."""
+
+    def validate(self) -> None:
+        """Each field within its metadata's bounds and, if a Literal, one of its values (what the
+        params schema checks, for params given elsewhere: a mixture's components)."""
+        hints = get_type_hints(type(self))
+        for spec in fields(self):
+            value, bounds = getattr(self, spec.name), spec.metadata
+            if value is None:  # an optional field left unset: no bound applies
+                continue
+            if get_origin(hints[spec.name]) is Literal and value not in get_args(hints[spec.name]):
+                raise ValueError(
+                    f"{spec.name}: {value!r} is not one of {', '.join(get_args(hints[spec.name]))}"
+                )
+            broken = [
+                f"{word} {bounds[key]}"
+                for key, word, holds in (
+                    ("gt", ">", lambda v, b: v > b),
+                    ("ge", ">=", lambda v, b: v >= b),
+                    ("lt", "<", lambda v, b: v < b),
+                    ("le", "<=", lambda v, b: v <= b),
+                )
+                if key in bounds and not holds(value, bounds[key])
+            ]
+            if broken:
+                raise ValueError(f"{spec.name}: {value!r} must be {' and '.join(broken)}")
+
+
+def check_replacement_split(mask_fraction: float, random_fraction: float) -> None:
+    """BERT's replacement shares (models/objectives/noise.py: `bert_replacement`) leave the kept one >= 0."""
+    if mask_fraction + random_fraction > 1.0:
+        raise ValueError("mask_fraction + random_fraction must be <= 1 (the rest is kept unchanged)")
+
+
+class ObjectiveSpec(ABC):
+    """A pretraining objective's declaration: the tokens a row reads, the kind and widths of the pair it
+    makes of rows (what the params check and the FLOPs count need), and its implementation's module
+    (`pair`, and a head where it trains one), loaded only where it runs."""
+
+    name: ClassVar[str]
+    kind: ClassVar[PairKind | None]  # None: a mixture, its components' kinds
+    Params: ClassVar[type[ObjectiveParams]] = ObjectiveParams
+    implementation: ClassVar[str | None]  # its module's `IMPLEMENTATION`; None: a mixture's are its parts'
+    trains_lm_head: ClassVar[bool] = True  # the model's tied LM head: what its export's LM class runs
+    pair_formats: ClassVar[bool] = False  # trains RoBERTa's pair formats (pretrain.input_format)
+
+    def components(self, args: Args) -> list[tuple[float, ObjectiveSpec, Args]]:
+        """(share, objective, its args) of what makes a batch: this objective, or a mixture's parts."""
+        return [(1.0, self, args)]
+
+    def static_copies(self, args: Args) -> int | None:
+        """With static masking (BERT's `dupe_factor`), the copies of the data: every row's noise drawn
+        once per copy and reused whenever that copy is read; None: fresh noise every batch (dynamic)."""
+        return None
+
+    def row_length(self, seq_len: int, args: Args) -> int:
+        """Tokens read per row for inputs of `seq_len`."""
+        return seq_len
+
+    def has_head(self, args: Args) -> bool:
+        """Whether its implementation trains a head of its own beside the model (ELECTRA's generator and
+        discriminator head) in place of the model's tied LM head."""
+        return False
+
+    def piece_tables(self, args: Args) -> tuple[str, ...]:
+        """The tokenizer's piece tables that its pairs read from their args by name (models/pieces.py:
+        `word_starts`, `sentence_ends`), which `make_batch` adds to the args."""
+        return ()
+
+    @abstractmethod
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+        """(inputs width, targets width, predicted tokens per row): exact for fixed-width pairs, the
+        expectation where rows differ."""
+
+    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
+        """The widest (inputs, targets) a row can make, what the model's max_len must hold (bounds, or
+        the extremes where one grows as the other shrinks)."""
+        inputs, targets, _ = self.widths(seq_len, args)
+        return [(inputs, targets)]
+
+
+OBJECTIVES: dict[str, ObjectiveSpec] = {}  # by name: models/specs/objectives/__init__.py imports them all
+
+
+def register(objective: ObjectiveSpec) -> ObjectiveSpec:
+    """Add an objective to the registry (what its declaration module does as it is imported):
+    `models.<name>.objective` may name it, `objectives.<name>` holds its params."""
+    OBJECTIVES[objective.name] = objective
+    return objective

@@ -1,0 +1,46 @@
+"""T5's "BERT-style" objective (its Table 4, "predict all"): the noise of a row (i.i.d. tokens, as T5
+drew it, or spans) becomes [MASK], a random token or stays itself (BERT's 80/10/10); the targets are the
+whole original row. With `mask_fraction` 1 and `random_fraction` 0 it is T5's "MASS-style" row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from models.specs.objectives.base import (
+    Args,
+    ObjectiveParams,
+    ObjectiveSpec,
+    check_replacement_split,
+    register,
+)
+from models.specs.objectives.noise import NoiseMask
+
+
+@dataclass(frozen=True)
+class BertStyleParams(ObjectiveParams):
+    noise_density: float = field(default=0.15, metadata={"gt": 0.0, "lt": 1.0})
+    mask_fraction: float = field(default=0.8, metadata={"ge": 0.0, "le": 1.0})
+    random_fraction: float = field(default=0.1, metadata={"ge": 0.0, "le": 1.0})
+    noise_mask: NoiseMask = field(
+        default="iid", metadata={"description": "iid: T5's objective tables; random_spans: spans"}
+    )
+    mean_span_length: float = field(
+        default=3.0, metadata={"ge": 1.0, "description": "random_spans: the mean noise span"}
+    )
+
+    def check(self) -> None:
+        check_replacement_split(self.mask_fraction, self.random_fraction)
+
+
+class BertStyle(ObjectiveSpec):
+    name, kind, Params = "bert_style", "sequence", BertStyleParams
+    implementation = "models.objectives.bert_style"
+
+    def row_length(self, seq_len: int, args: Args) -> int:
+        return seq_len - 1  # and EOS
+
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+        return seq_len, seq_len, seq_len
+
+
+OBJECTIVE = register(BertStyle())

@@ -1,0 +1,43 @@
+"""T5's prefix LM objective ("LM" in its Table 2): each row split at a random point, the prefix the
+inputs, the continuation the targets (T5's random_prefix_noise_mask: the inputs take between
+round((1 - 2·noise_density)·(L - 1)) and L - 1 tokens, uniformly; noise_density 0.5: 1 to L - 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+
+
+def prefix_bounds(length: int, noise_density: float) -> tuple[int, int]:
+    """The fewest and most input tokens of a row of `length` (T5's random_prefix_noise_mask)."""
+    most = length - 1
+    return min(most, max(1, round((1 - 2 * noise_density) * most))), most
+
+
+@dataclass(frozen=True)
+class LMParams(ObjectiveParams):
+    noise_density: float = field(
+        default=0.5,
+        metadata={"gt": 0.0, "lt": 1.0, "description": "the expected fraction of a row that is targets"},
+    )
+
+
+class PrefixLM(ObjectiveSpec):
+    name, kind, Params = "lm", "sequence", LMParams
+    implementation = "models.objectives.lm"
+
+    def row_length(self, seq_len: int, args: Args) -> int:
+        return seq_len + 1  # a decoder-only model reads seq_len of them, as with clm
+
+    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+        fewest, most = prefix_bounds(seq_len + 1, args["noise_density"])
+        inputs = (fewest + most) / 2
+        return round(inputs), seq_len + 1 - round(inputs), seq_len + 1 - inputs
+
+    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
+        fewest, most = prefix_bounds(seq_len + 1, args["noise_density"])
+        return [(most, seq_len + 1 - most), (fewest, seq_len + 1 - fewest)]
+
+
+OBJECTIVE = register(PrefixLM())

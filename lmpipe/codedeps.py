@@ -12,8 +12,9 @@ reads other modules' source (the export writes models/ as remote code) names the
 `READS_SOURCE_OF = ("models.x", ...)`: they count as imported. Modules outside the project's packages
 are the environment's business.
 
-`models/implementations.py` loads each declaration's implementation by the module name the
-declaration gives (models/specs): every registered implementation counts as imported by it.
+`models/implementations.py` (the objectives') and `models/architectures/base.py` (the architectures')
+load each declaration's implementation by the module name the declaration gives (models/specs): every
+registered implementation counts as imported by its loader.
 
 Three modules every stage imports cannot change what a stage writes, so they and their imports are
 left out of the closures (an edit to them re-runs nothing): `lmpipe.tracking`, which logs to MLflow
@@ -39,7 +40,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("stages", "models", "lmpipe")
 OUTPUT_NEUTRAL = ("lmpipe.tracking", "lmpipe.codedeps", "lmpipe.params.project")  # see the module's docstring
-LOADER = "models.implementations"  # see the module's docstring
+LOADERS = ("models.implementations", "models.architectures.base")  # see the module's docstring
 _COMMAND = re.compile(r"\bpython -m ([\w.]+)")
 
 
@@ -107,16 +108,20 @@ def code_files(module: str) -> tuple[str, ...]:
             if path is not None and path not in sources:
                 sources[path] = (ROOT / path).read_text(encoding="utf-8")
                 todo.extend(imports(path, sources[path]))
-                todo.extend(implementations() if ".".join(parts[:depth]) == LOADER else ())
+                todo.extend(implementations(".".join(parts[:depth])))
     # an empty __init__.py runs nothing: it joins the closure once it has content
     return tuple(sorted(path.as_posix() for path, source in sources.items() if source.strip()))
 
 
-def implementations() -> list[str]:
-    """The implementation modules of every registered declaration (what `LOADER` may import)."""
+def implementations(loader: str) -> list[str]:
+    """The implementation modules `loader` may import: every registered declaration's (LOADERS)."""
+    if loader not in LOADERS:
+        return []
+    from models.specs.architectures import ARCHITECTURES
     from models.specs.objectives import OBJECTIVES
 
-    return sorted({spec.implementation for spec in OBJECTIVES.values() if spec.implementation})
+    declared = OBJECTIVES if loader == LOADERS[0] else ARCHITECTURES
+    return sorted({spec.implementation for spec in declared.values() if spec.implementation})
 
 
 @cache

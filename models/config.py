@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from models.architectures import ARCHITECTURES
+from models.specs.architectures import ARCHITECTURES
 
 
 @dataclass(frozen=True)

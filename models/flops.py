@@ -17,9 +17,10 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from models import implementations
-from models.architectures import ARCHITECTURES
+from models.architectures.base import architecture
 from models.config import ModelConfig
 from models.lightning import PretrainModule, TrainConfig
+from models.specs.architectures import ARCHITECTURES
 from models.specs.objectives import OBJECTIVES, ObjectiveSpec
 from models.specs.objectives.base import Args
 from models.stack_flops import lm_head_weights, stack_forward_flops
@@ -60,7 +61,7 @@ def example_batch(train: TrainConfig, objective: ObjectiveSpec, args: Args) -> d
     """A batch of the pair's shapes as the architecture has it, on the meta device (with a pair
     format's labels, for its head)."""
     widths = objective.widths(train.seq_len, args)
-    batch = ARCHITECTURES[train.arch].example_batch(train.batch_size, objective.kind, *widths)
+    batch = architecture(train.arch).example_batch(train.batch_size, objective.kind, *widths)
     batch |= implementations.objective(objective.name).example_extras(len(batch["labels"]), args)
     if train.pair_loss() != "none":
         batch["pair_labels"] = torch.zeros(train.batch_size, dtype=torch.long, device="meta")

@@ -23,6 +23,12 @@ from models.transformer import Transformer
 READS_SOURCE_OF = (
     "models.special",
     "models.pair",
+    "models.specs.architectures.base",
+    "models.specs.architectures.encoder",
+    "models.specs.architectures.decoder",
+    "models.specs.architectures.encoder_decoder",
+    "models.specs.architectures.prefix_lm",
+    "models.specs.architectures",
     "models.architectures.base",
     "models.architectures.encoder",
     "models.architectures.decoder",

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from models import implementations
-from models.architectures import ARCHITECTURES
+from models.architectures.base import architecture
 from models.config import ModelConfig
 from models.input_formats import Rows, SentenceIndex, format_rows
 from models.objectives.base import Terms, batch_generator
@@ -102,16 +102,16 @@ def make_batch(
     if formatted is not None:  # an input format's rows: short ones padded, pairs with their labels
         pair = implementation.pair(rows, args, generator, vocab_size)
         pair.input_lengths = formatted.lengths  # aligned pairs: the padding is never noise (a special id)
-        batch = ARCHITECTURES[cfg.arch].batch(pair)
+        batch = architecture(cfg.arch).batch(pair)
         return batch if formatted.pair_labels is None else batch | {"pair_labels": formatted.pair_labels}
     copies = objective.static_copies(args)
     if copies is None or row_epochs is None:
-        return ARCHITECTURES[cfg.arch].batch(implementation.pair(rows, args, generator, vocab_size))
+        return architecture(cfg.arch).batch(implementation.pair(rows, args, generator, vocab_size))
     pairs = [
         implementation.pair(row[None], args, static_generator(cfg.seed, index, epoch % copies), vocab_size)
         for row, (index, epoch) in zip(rows, row_epochs, strict=True)
     ]
-    return ARCHITECTURES[cfg.arch].batch(stacked_pairs(pairs))
+    return architecture(cfg.arch).batch(stacked_pairs(pairs))
 
 
 def static_generator(seed: int, row: int, copy: int) -> torch.Generator:

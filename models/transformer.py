@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.architectures import ARCHITECTURES
+from models.architectures.base import architecture
 from models.config import ModelConfig
 from models.special import SPECIAL
 
@@ -332,7 +332,7 @@ class Transformer(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
-        self.arch = ARCHITECTURES[cfg.arch]
+        self.arch = architecture(cfg.arch)
         # T5's "encoder-decoder, shared": the decoder's stack encodes too (bidirectionally, without
         # its cross-attention): P parameters at the cost M of two stacks
         own_encoder = self.arch.encoder and not cfg.share_encoder_decoder

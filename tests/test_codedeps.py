@@ -147,30 +147,42 @@ SHAPE = {
     "lmpipe/params/glue.py": {"glue_prepare", "finetune", "evaluate"},
     "lmpipe/params/finetune.py": {"finetune", "evaluate"},
     "lmpipe/params/pretrain.py": {"pretrain"},
-    # the registries and what they import: every stage that validates `models` asks them which
+    # the declarations and what they import: every stage that validates `models` asks them which
     # architectures and objectives there are, and which pairs fit
     **{
         f"models/{module}.py": {"pretrain", "export", "finetune", "evaluate"}
         for module in (
-            "objectives/__init__",
-            "objectives/base",
-            "objectives/mlm",
-            "objectives/clm",
-            "objectives/lm",
-            "objectives/span",
-            "architectures/__init__",
-            "architectures/base",
-            "architectures/encoder",
-            "architectures/decoder",
-            "architectures/prefix_lm",
-            "architectures/encoder_decoder",
+            "specs/__init__",
+            "specs/objectives/__init__",
+            "specs/objectives/base",
+            "specs/objectives/mlm",
+            "specs/objectives/clm",
+            "specs/objectives/lm",
+            "specs/objectives/span",
+            "specs/architectures/__init__",
+            "specs/architectures/base",
+            "specs/architectures/encoder",
+            "specs/architectures/decoder",
+            "specs/architectures/prefix_lm",
+            "specs/architectures/encoder_decoder",
             "pair",
         )
     },
+    # the implementations: an objective's is the pretraining's alone; an architecture's builds every
+    # model, so what trains, fine-tunes and exports one
+    **{
+        f"models/objectives/{module}.py": {"pretrain"}
+        for module in ("__init__", "base", "mlm", "clm", "lm", "span", "electra", "noise")
+    },
+    **{
+        f"models/architectures/{module}.py": {"pretrain", "export", "finetune"}
+        for module in ("__init__", "base", "encoder", "decoder", "prefix_lm", "encoder_decoder")
+    },
     "models/lightning.py": {"pretrain"},
     "models/flops.py": {"pretrain"},
+    "models/implementations.py": {"pretrain"},  # the objectives' loader
     "models/pieces.py": {"pretrain"},  # the piece tables the objectives read
-    "models/training.py": {"pretrain", "export", "finetune", "evaluate"},  # the objectives' seeds
+    "models/training.py": {"pretrain", "finetune"},  # the seeds of batches and fine-tunes
     "models/finetune.py": {"finetune"},
     "models/finetune_data.py": {"finetune"},
     "models/heads.py": {"finetune"},

@@ -15,7 +15,7 @@ from lmpipe.params.schema import parse
 from lmpipe.pretraining import train_config
 from lmpipe.runtime import StageError
 from models import implementations
-from models.architectures import ARCHITECTURES
+from models.architectures.base import architecture
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
 from models.lightning import PretrainModule, make_batch
@@ -91,7 +91,7 @@ def test_no_component_makes_a_row_wider_than_the_max_len_it_was_checked_against(
         pair = implementations.objective(component.name).pair(
             rows(2, component.row_length(seq_len, own)), own, batch_generator(1, 0), V
         )
-        batch = ARCHITECTURES[arch].batch(pair)
+        batch = architecture(arch).batch(pair)
         read = [batch[key].shape[1] for key in ("input_ids", "decoder_input_ids") if key in batch]
         assert max(read) <= widest, (component.name, own, read, widest)
 

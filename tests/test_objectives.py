@@ -77,11 +77,11 @@ def test_masks_depend_on_the_seed_and_the_micro_batch_index_only() -> None:
 
 
 def test_causal_lm_targets_are_the_next_tokens() -> None:
-    from models.architectures import ARCHITECTURES
+    from models.architectures.base import architecture
 
     tokens = corpus_rows(3, 17)
     pair = implementations.objective("clm").pair(tokens, {}, batch_generator(0, 0), V)
-    batch = ARCHITECTURES["decoder"].batch(pair)
+    batch = architecture("decoder").batch(pair)
     inputs, targets = batch["input_ids"], batch["labels"]
     assert inputs.shape == targets.shape == (3, 16)
     assert torch.equal(inputs[:, 1:], targets[:, :-1]) and torch.equal(targets[:, -1], tokens[:, -1])

@@ -16,7 +16,7 @@ from lmpipe.params.schema import parse
 from lmpipe.pretraining import train_config
 from lmpipe.runtime import StageError
 from models import implementations
-from models.architectures import ARCHITECTURES
+from models.architectures.base import architecture
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
 from models.lightning import PretrainModule, make_batch
@@ -24,6 +24,7 @@ from models.objectives.base import batch_generator
 from models.objectives.span import span_corrupt
 from models.pair import Pair
 from models.special import SPECIAL
+from models.specs.architectures import ARCHITECTURES
 from models.specs.objectives import OBJECTIVES
 from models.specs.objectives.lm import prefix_bounds
 from models.transformer import Transformer, attention_mask
@@ -86,13 +87,13 @@ def test_a_prefix_token_moves_every_position_and_a_target_only_those_after_it() 
 def test_decoder_reads_a_pair_concatenated_and_scores_its_targets_only() -> None:
     spans = span_corrupt(rows(3, 40), batch_generator(0, 0), 0.15, 3.0)
     pair = Pair(spans.input_ids, spans.target_ids)
-    batch = ARCHITECTURES["decoder"].batch(pair)
+    batch = architecture("decoder").batch(pair)
     width_in, width_out = pair.inputs.shape[1], pair.targets.shape[1]
     assert torch.equal(batch["input_ids"], torch.cat([pair.inputs, pair.targets], 1)[:, :-1])
     assert torch.equal(batch["labels"], pair.targets.reshape(-1))
     first = batch["positions"].view(3, width_out)[:, 0] % (width_in + width_out - 1)
     assert torch.equal(first, torch.full((3,), width_in - 1))  # the last input predicts the first target
-    prefix = ARCHITECTURES["prefix_lm"].batch(pair)
+    prefix = architecture("prefix_lm").batch(pair)
     assert torch.equal(prefix["prefix_lengths"], torch.full((3,), width_in))
 
 
@@ -108,10 +109,10 @@ def test_lm_objective_splits_rows_and_every_converter_restores_them() -> None:
         assert torch.equal(pair.inputs[b, :split], source[b, :split])
         assert torch.equal(pair.targets[b, : 33 - split], source[b, split:])
         assert bool((pair.inputs[b, split:] == SPECIAL.pad).all())
-    decoder = ARCHITECTURES["decoder"].batch(pair)
+    decoder = architecture("decoder").batch(pair)
     assert torch.equal(decoder["input_ids"], source[:, :-1])
     assert len(decoder["positions"]) == int(pair.target_lengths.sum())
-    encdec = ARCHITECTURES["encoder_decoder"].batch(pair)
+    encdec = architecture("encoder_decoder").batch(pair)
     assert torch.equal(encdec["pad_mask"].sum(1), pair.input_lengths)
     assert torch.equal(encdec["labels"], pair.targets[pair.targets != SPECIAL.pad])
 
@@ -162,10 +163,12 @@ TOY = '''
 
     from dataclasses import dataclass, field
 
-    from models.architectures import register as register_architecture
+    from models.architectures.base import implemented
     from models.architectures.decoder import Decoder
     from models.objectives.base import ObjectiveImplementation
     from models.pair import Pair
+    from models.specs.architectures import register as register_architecture
+    from models.specs.architectures.decoder import DecoderSpec
     from models.specs.objectives import register as register_objective
     from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec
 
@@ -190,12 +193,15 @@ TOY = '''
             return Pair(rows, rows[:, : args["keep"]].flip(1))
 
 
-    class WideDecoder(Decoder):
+    class WideDecoderSpec(DecoderSpec):
         """A decoder-only LM that pools the mean of its states."""
 
         name = "toy_decoder"
         poolings = ("mean",)
+        implementation = "toy_plugin"
 
+
+    class WideDecoder(WideDecoderSpec, Decoder):
         def pooled(self, model, ids, pad_mask, pooling):
             states = model.decode(ids, pad_mask)
             return states.mean(1)
@@ -203,7 +209,8 @@ TOY = '''
 
     IMPLEMENTATION = ReversedPairs()
     register_objective(Reverse())
-    register_architecture(WideDecoder())
+    register_architecture(WideDecoderSpec())
+    implemented(WideDecoder())
 '''
 
 
@@ -212,11 +219,14 @@ def registries(tmp_path, monkeypatch):
     """The registries as they are, restored after the test (in place: modules hold them by reference)."""
     import sys
 
-    saved = dict(ARCHITECTURES), dict(OBJECTIVES)
+    from models.architectures.base import IMPLEMENTED
+
+    registries = ARCHITECTURES, IMPLEMENTED, OBJECTIVES
+    saved = [dict(registry) for registry in registries]
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
     sys.modules.pop("toy_plugin", None)
-    for registry, entries in zip((ARCHITECTURES, OBJECTIVES), saved, strict=True):
+    for registry, entries in zip(registries, saved, strict=True):
         registry.clear()
         registry.update(entries)
 

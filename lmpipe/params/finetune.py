@@ -10,7 +10,7 @@ from lmpipe.glue.tasks import TASKS
 from lmpipe.params.glue import GlueParams
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Seed, Strict, _problems
-from models.architectures import ARCHITECTURES
+from models.specs.architectures import ARCHITECTURES
 
 
 class FinetuneTaskParams(Strict):
@@ -33,7 +33,7 @@ class FinetuneCommonParams(Strict):
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="before the head")
     pooling: dict[str, str] = Field(
         default_factory=lambda: {name: arch.poolings[0] for name, arch in ARCHITECTURES.items()},
-        description="the head's input, by architecture (models/architectures: each lists its poolings, "
+        description="the head's input, by architecture (models/specs/architectures: each lists its poolings, "
         "the first its default)",
     )
     lm_loss_weight: float = Field(

@@ -10,8 +10,8 @@ from pydantic import Field, ValidationInfo, create_model, field_validator, model
 
 from lmpipe.params.schema import Sections, Strict
 from lmpipe.runtime import StageError
-from models.architectures import ARCHITECTURES
 from models.config import PRESETS, ModelConfig
+from models.specs.architectures import ARCHITECTURES
 from models.specs.objectives import OBJECTIVES
 
 # a variant may override every field of the model config but the architecture (its own key) and what
@@ -31,8 +31,8 @@ _Overrides = create_model(
 class ModelParams(_Overrides):
     """A named model variant: architecture, objective, a size preset and any overrides of it."""
 
-    arch: str = Field(description=f"models/architectures' registry: {', '.join(ARCHITECTURES)}")
-    objective: str = Field(description=f"models/objectives' registry: {', '.join(OBJECTIVES)}")
+    arch: str = Field(description=f"models/specs/architectures' registry: {', '.join(ARCHITECTURES)}")
+    objective: str = Field(description=f"models/specs/objectives' registry: {', '.join(OBJECTIVES)}")
     preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
     # here, not in the `pretrain` section, so that `pretrain@<other>` (which depends on `pretrain`) is
     # not made stale by this model's budget; checked against the pretrain keys by PretrainSections

@@ -11,7 +11,7 @@ from pydantic import Field, ValidationError, create_model, field_validator, mode
 
 from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Strict, _problems
-from models.architectures import ARCHITECTURES
+from models.specs.architectures import ARCHITECTURES
 from models.specs.input_formats import PAIR_FORMATS, InputFormat
 from models.specs.objectives import OBJECTIVES
 

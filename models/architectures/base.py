@@ -1,35 +1,28 @@
-"""What an architecture is: the stacks it builds, its feature converter (T5's seqio feature converters:
-an objective's pair to this architecture's batch), how its hidden states are computed, its poolings for
-fine-tuning and its shapes for the FLOPs count."""
+"""What an architecture computes: its feature converter (T5's seqio feature converters: an objective's
+pair to this architecture's batch), how its hidden states are computed and pooled for fine-tuning. Its
+declaration (models/specs/architectures: its stacks, the pairs it takes, its poolings, its tokens for
+the FLOPs count) is the class an implementation subclasses."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from abc import abstractmethod
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
 
 from models.pair import Pair, PairKind
 from models.special import SPECIAL
+from models.specs.architectures import ARCHITECTURES, ArchitectureSpec
 
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    from torch import Tensor
-
+if TYPE_CHECKING:  # the model the methods run on (models/transformer.py builds it from its architecture)
     from models.transformer import Transformer
 
 
-class Architecture(ABC):
-    name: ClassVar[str]
-    encoder: ClassVar[bool]  # builds a bidirectional encoder stack
-    decoder: ClassVar[bool]  # builds a causal decoder stack (cross-attending to the encoder, if any)
-    prefix: ClassVar[bool] = False  # a decoder that attends fully within a prefix (prefix_lengths)
-    fits: ClassVar[frozenset[PairKind]]  # the pairs its converter can express
-    poolings: ClassVar[tuple[str, ...]]  # fine-tuning's choices, the default first
-    # its fine-tuning reads the input as a causal LM, so GPT-1's auxiliary LM loss applies to it
-    # (`pooled_and_lm_loss`, `finetune.common.lm_loss_weight`)
-    finetune_lm_loss: ClassVar[bool] = False
-    paper_objective: ClassVar[str]  # the objective the paper that made it trained it with
-    lm_auto_class: ClassVar[str]  # the transformers Auto class of its LM head (a remote-code export)
+class Architecture(ArchitectureSpec):
+    """An architecture's implementation: its declaration's subclass (`class Encoder(EncoderSpec,
+    Architecture)`), registered by `implemented` as its module is imported."""
 
     @abstractmethod
     def batch(self, pair: Pair) -> dict[str, Tensor]:
@@ -57,10 +50,6 @@ class Architecture(ABC):
         """`pooled`, and the LM loss of the input itself from the same states (GPT-1's fine-tuning)."""
         raise NotImplementedError(f"arch '{self.name}' has no causal LM over its fine-tuning input")
 
-    @abstractmethod
-    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
-        """(encoder tokens, decoder tokens, predicted tokens) per row of a pair of this kind and widths."""
-
     def logits_and_labels(
         self, model: Transformer, batch: dict[str, Tensor], hidden: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
@@ -83,8 +72,6 @@ class Architecture(ABC):
         self, batch_size: int, kind: PairKind, inputs: int, targets: int, predicted: float
     ) -> dict[str, Tensor]:
         """A batch of these shapes on the meta device (the FLOPs count's)."""
-        import torch
-
         encoder, decoder, scored = self.tokens(kind, inputs, targets, predicted)
         meta = {"dtype": torch.long, "device": "meta"}
         batch = {"input_ids": torch.zeros(batch_size, encoder or decoder, **meta)}
@@ -98,8 +85,6 @@ class Architecture(ABC):
 
 def padding_mask(lengths: Tensor | None, width: int) -> Tensor | None:
     """True on the first `lengths[b]` positions of each row; None when every row is full."""
-    import torch
-
     if lengths is None:
         return None
     return torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
@@ -108,8 +93,6 @@ def padding_mask(lengths: Tensor | None, width: int) -> Tensor | None:
 def concatenate(pair: Pair) -> tuple[Tensor, Tensor, Tensor]:
     """Each row's inputs followed by its targets, right-padded: (tokens [B, N], input lengths, total
     lengths): a decoder-only LM's view of a pair (seqio's LM and prefix-LM feature converters)."""
-    import torch
-
     inputs, targets = pair.inputs, pair.targets
     rows = len(targets)
     full = torch.full((rows,), inputs.shape[1], dtype=torch.long)
@@ -134,7 +117,23 @@ def concatenate(pair: Pair) -> tuple[Tensor, Tensor, Tensor]:
 
 def shift_right(targets: Tensor) -> Tensor:
     """A decoder's inputs for teacher forcing: <s>, then the targets but the last."""
-    import torch
-
     start = torch.full_like(targets[:, :1], SPECIAL.bos)
     return torch.cat([start, targets[:, :-1]], dim=1)
+
+
+IMPLEMENTED: dict[str, Architecture] = {}
+
+
+def implemented(architecture: Architecture) -> Architecture:
+    """Register an implementation (what its module does as it is imported)."""
+    IMPLEMENTED[architecture.name] = architecture
+    return architecture
+
+
+def architecture(name: str) -> Architecture:
+    """The implementation of the declared architecture `name`: its declaration's module, imported on
+    first use (in an export's remote code every implementation is in the one file, already defined).
+    lmpipe/codedeps.py counts every registered implementation as code of this module."""
+    if name not in IMPLEMENTED:
+        import_module(ARCHITECTURES[name].implementation)
+    return IMPLEMENTED[name]

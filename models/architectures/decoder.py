@@ -3,24 +3,19 @@ LM feature converter), scored on the targets only; with no inputs, every next to
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
+import torch.nn.functional as F
+from torch import Tensor
 
-from models.architectures.base import Architecture, concatenate
-from models.pair import Pair, PairKind
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from models.transformer import Transformer
+from models.architectures.base import Architecture, concatenate, implemented
+from models.pair import Pair
+from models.specs.architectures.decoder import DecoderSpec
+from models.transformer import Transformer
 
 
 def lm_batch(pair: Pair) -> dict[str, Tensor]:
     """Inputs and targets in one row; each position predicts the next token, scored where that token
     is a target. A full targets-only pair is scored everywhere: no positions needed."""
-    import torch
-
     tokens, input_lengths, lengths = concatenate(pair)
     batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
     if pair.inputs.shape[1] == 0 and pair.target_lengths is None:
@@ -31,13 +26,7 @@ def lm_batch(pair: Pair) -> dict[str, Tensor]:
     return batch | {"positions": positions, "labels": batch["labels"].reshape(-1)[positions]}
 
 
-class Decoder(Architecture):
-    name, encoder, decoder = "decoder", False, True
-    fits = frozenset({"sequence", "targets_only"})
-    poolings = ("last",)  # the last real token: the only one that has seen the whole input
-    finetune_lm_loss = True
-    paper_objective, lm_auto_class = "clm", "AutoModelForCausalLM"
-
+class Decoder(DecoderSpec, Architecture):
     def batch(self, pair: Pair) -> dict[str, Tensor]:
         return lm_batch(pair)
 
@@ -50,8 +39,6 @@ class Decoder(Architecture):
     def pooled_and_lm_loss(
         self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str
     ) -> tuple[Tensor, Tensor]:
-        import torch.nn.functional as F
-
         states = model.decode(ids, pad_mask)
         # each real token predicts the next real one, as in pretraining
         labels = ids[:, 1:].masked_fill(~pad_mask[:, 1:], -100)
@@ -59,13 +46,11 @@ class Decoder(Architecture):
         lm_loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
         return last_state(states, pad_mask), lm_loss
 
-    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
-        return 0, inputs + targets - 1, targets - (inputs == 0)
-
 
 def last_state(states: Tensor, pad_mask: Tensor) -> Tensor:
     """Each row's state at its last real token (right padding)."""
-    import torch
-
     last = pad_mask.long().sum(1) - 1
     return states[torch.arange(len(states), device=states.device), last]
+
+
+ARCHITECTURE = implemented(Decoder())

@@ -3,27 +3,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from torch import Tensor
 
-from models.architectures.base import Architecture, padding_mask
-from models.pair import Pair, PairKind
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from models.transformer import Transformer
+from models.architectures.base import Architecture, implemented, padding_mask
+from models.pair import Pair
+from models.specs.architectures.encoder import EncoderSpec
+from models.transformer import Transformer
 
 
-class Encoder(Architecture):
-    name, encoder, decoder = "encoder", True, False
-    fits = frozenset({"aligned"})
-    # [CLS] (position 0), or the masked mean or max of the states (BERT's pooling table): a masked LM
-    # never shows [CLS], so its state starts untrained; the mean and max pool states pretraining trained
-    poolings = ("cls", "mean", "max")
-    paper_objective, lm_auto_class = "mlm", "AutoModelForMaskedLM"
-
+class Encoder(EncoderSpec, Architecture):
     def batch(self, pair: Pair) -> dict[str, Tensor]:
         return aligned_batch(pair)
 
@@ -33,9 +21,6 @@ class Encoder(Architecture):
     def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
         states = model.encode(ids, pad_mask)
         return states[:, 0] if pooling == "cls" else pooled_states(states, pad_mask, pooling)
-
-    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
-        return inputs, 0, predicted
 
 
 def aligned_batch(pair: Pair) -> dict[str, Tensor]:
@@ -61,3 +46,6 @@ def masked_max(states: Tensor, pad_mask: Tensor) -> Tensor:
 def pooled_states(states: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
     """`mean` or `max` over each row's real tokens."""
     return masked_max(states, pad_mask) if pooling == "max" else masked_mean(states, pad_mask)
+
+
+ARCHITECTURE = implemented(Encoder())

@@ -3,29 +3,18 @@ cross-attends to it (teacher forcing: the decoder reads <s> and the targets shif
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
+from torch import Tensor
 
-from models.architectures.base import Architecture, padding_mask, shift_right
+from models.architectures.base import Architecture, implemented, padding_mask, shift_right
 from models.architectures.encoder import pooled_states
-from models.pair import Pair, PairKind
+from models.pair import Pair
 from models.special import SPECIAL
-
-# torch is imported where it is used: every stage, the data stages too, imports this module
-# when it validates params.yaml
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from models.transformer import Transformer
+from models.specs.architectures.encoder_decoder import EncoderDecoderSpec
+from models.transformer import Transformer
 
 
-class EncoderDecoder(Architecture):
-    name, encoder, decoder = "encoder_decoder", True, True
-    fits = frozenset({"sequence"})
-    # the masked mean (or max) of the encoder's states, or the first decoder state (the decoder run on
-    # one start token, attending to the whole encoder)
-    poolings = ("mean_encoder", "first_decoder", "max_encoder")
-    paper_objective, lm_auto_class = "span", "AutoModelForSeq2SeqLM"
-
+class EncoderDecoder(EncoderDecoderSpec, Architecture):
     def batch(self, pair: Pair) -> dict[str, Tensor]:
         batch = {"input_ids": pair.inputs, "decoder_ids": shift_right(pair.targets), "labels": pair.targets}
         if pair.input_lengths is not None:
@@ -44,13 +33,11 @@ class EncoderDecoder(Architecture):
         return model.decode(decoder_ids, decoder_pad_mask, memory, pad_mask)
 
     def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
-        import torch
-
         memory = model.encode(ids, pad_mask)
         if pooling in ("mean_encoder", "max_encoder"):
             return pooled_states(memory, pad_mask, pooling.removesuffix("_encoder"))
         start = torch.full((len(ids), 1), SPECIAL.bos, dtype=ids.dtype, device=ids.device)
         return model.decode(start, None, memory, pad_mask)[:, 0]
 
-    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
-        return inputs, targets, targets
+
+ARCHITECTURE = implemented(EncoderDecoder())

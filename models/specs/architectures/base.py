@@ -1,0 +1,39 @@
+"""What an architecture declares: the stacks it builds, the pairs its converter takes, its poolings for
+fine-tuning, its tokens per row for the FLOPs count and its transformers Auto class; and where its
+implementation is (models/architectures). No torch: every stage imports the declarations."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from models.pair import PairKind
+
+
+class ArchitectureSpec(ABC):
+    name: ClassVar[str]
+    encoder: ClassVar[bool]  # builds a bidirectional encoder stack
+    decoder: ClassVar[bool]  # builds a causal decoder stack (cross-attending to the encoder, if any)
+    prefix: ClassVar[bool] = False  # a decoder that attends fully within a prefix (prefix_lengths)
+    fits: ClassVar[frozenset[PairKind]]  # the pairs its converter can express
+    poolings: ClassVar[tuple[str, ...]]  # fine-tuning's choices, the default first
+    # its fine-tuning reads the input as a causal LM, so GPT-1's auxiliary LM loss applies to it
+    # (`pooled_and_lm_loss`, `finetune.common.lm_loss_weight`)
+    finetune_lm_loss: ClassVar[bool] = False
+    paper_objective: ClassVar[str]  # the objective the paper that made it trained it with
+    lm_auto_class: ClassVar[str]  # the transformers Auto class of its LM head (a remote-code export)
+    implementation: ClassVar[str]  # the module of its implementation, a subclass of this declaration
+
+    @abstractmethod
+    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
+        """(encoder tokens, decoder tokens, predicted tokens) per row of a pair of this kind and widths."""
+
+
+ARCHITECTURES: dict[str, ArchitectureSpec] = {}  # by name: models/specs/architectures/__init__.py
+
+
+def register(architecture: ArchitectureSpec) -> ArchitectureSpec:
+    """Add an architecture to the registry (what its declaration module does as it is imported):
+    params.yaml's `models.<name>.arch` may name it."""
+    ARCHITECTURES[architecture.name] = architecture
+    return architecture

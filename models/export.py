@@ -87,12 +87,12 @@ def tokenizer_config(max_len: int, sentinels: list[str]) -> dict:
 
 
 def remote_code() -> str:
-    """models/config.py, models/transformer.py and models/hf_remote.py as one self-contained file."""
-    from models.hf import READS_SOURCE_OF
+    """The model's code (models/hf.py: `remote_modules`) as one self-contained modeling file."""
+    from models.hf import remote_modules
 
     parts = ['"""lmpipe\'s Transformer for transformers (trust_remote_code=True), by stages/export.py."""\n']
     parts.append("from __future__ import annotations\n")
-    for module in READS_SOURCE_OF:
+    for module in remote_modules():
         lines = Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8").splitlines()
         kept = [line for line in lines if not line.startswith(("from models.", "from __future__"))]
         parts.append(f"\n# ---- {module} ----\n" + "\n".join(kept) + "\n")

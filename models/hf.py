@@ -17,28 +17,42 @@ from torch import Tensor, nn
 from models.special import SPECIAL
 from models.transformer import Transformer
 
-# the models/ modules whose source, concatenated, is the remote-code modeling file (lmpipe/codedeps.py
-# counts them as code of every stage that imports this module), in an order that defines each name
-# before its use
+# the models/ modules whose source goes into the remote-code modeling file (lmpipe/codedeps.py counts
+# them as code of every stage that imports this module), and, through `remote_modules`, every
+# registered architecture's declaration and implementation
 READS_SOURCE_OF = (
     "models.special",
     "models.pair",
     "models.specs.architectures.base",
-    "models.specs.architectures.encoder",
-    "models.specs.architectures.decoder",
-    "models.specs.architectures.encoder_decoder",
-    "models.specs.architectures.prefix_lm",
     "models.specs.architectures",
     "models.architectures.base",
-    "models.architectures.encoder",
-    "models.architectures.decoder",
-    "models.architectures.encoder_decoder",
-    "models.architectures.prefix_lm",
     "models.architectures",
     "models.config",
     "models.transformer",
     "models.hf_remote",
 )
+
+
+def remote_modules() -> list[str]:
+    """The modules of the remote-code file in an order that defines each name before its use: the
+    declarations' base, each registered architecture's declaration, the implementations' base, each
+    implementation (in the registry's order: a later one may build on an earlier one), the model."""
+    from models.specs.architectures import ARCHITECTURES
+
+    declared = [type(spec).__module__ for spec in ARCHITECTURES.values()]
+    implemented = [spec.implementation for spec in ARCHITECTURES.values()]
+    core = list(READS_SOURCE_OF)
+    at_declarations, at_implementations = (
+        core.index("models.specs.architectures"),
+        core.index("models.architectures"),
+    )
+    return [
+        *core[:at_declarations],
+        *declared,
+        *core[at_declarations:at_implementations],
+        *implemented,
+        *core[at_implementations:],
+    ]
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class Recipe:
     lr: float = 1e-3
     warmup: int = 200
     schedule: str = "cosine"
+    schedule_steps: int | None = None  # the schedule's length: a longer run's, cut short (None: --steps)
     beta2: float = 0.98
     eps: float = 1e-8
     weight_decay: float = 0.01
@@ -170,7 +171,7 @@ def run(
     params = PretrainParams(
         seq_len=recipe.seq_len,
         batch_size=recipe.batch_size,
-        max_steps=steps,
+        max_steps=recipe.schedule_steps or steps,
         warmup_steps=recipe.warmup,
         schedule=recipe.schedule,
     )

@@ -2,9 +2,9 @@
 
 dvc.yaml declares exactly these files as each stage's code deps, so that a change to any module a
 stage runs makes that stage stale and a change to anything else (tests, docs, other stages' modules)
-does not. `python -m lmpipe.codedeps` lists where dvc.yaml and the closure disagree (the test suite
-fails on any disagreement), `--write` puts the closure into dvc.yaml, and pretrain's resume
-fingerprint hashes the same files.
+does not. `disagreements` lists where dvc.yaml and the closure disagree (the test suite fails on
+any), `write` puts the closure into dvc.yaml (`python -m lmpipe.regenerate` runs it), and pretrain's
+resume fingerprint hashes the same files.
 
 Every import counts, also one inside a function (it runs when the stage does); an imported package
 brings its `__init__.py` once that has any content (an empty one runs nothing). A module whose stage
@@ -27,11 +27,9 @@ interrupted run may reuse.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import re
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -179,20 +177,3 @@ def write(dvc_file: Path = ROOT / "dvc.yaml") -> None:
             out.extend(f"{indent}  - {path}\n" for path in code_files(modules[stage]))
             in_deps = True
     dvc_file.write_text("".join(out), encoding="utf-8")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lmpipe.codedeps", description=__doc__.split("\n")[0])
-    parser.add_argument("--write", action="store_true", help="put each stage's closure into dvc.yaml")
-    if parser.parse_args(argv).write:
-        write()
-    problems = disagreements()
-    for line in problems:
-        print(line, file=sys.stderr)
-    if problems:
-        sys.exit(1)
-    print(f"dvc.yaml: the code deps of every stage are its import closure ({', '.join(PACKAGES)})")
-
-
-if __name__ == "__main__":
-    main()

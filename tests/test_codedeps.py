@@ -217,10 +217,20 @@ def edit_table(project: Path) -> dict[str, set[str]]:
 
 
 def markdown(table: dict[str, set[str]]) -> str:
-    rows = [
-        f"| `{path}` | {', '.join(sorted(stages)) or '(none)'} |" for path, stages in sorted(table.items())
+    """The table by folder where all of a folder's modules make the same stages stale
+    (`models/objectives/*.py`: a new objective's module adds no row), else by file."""
+    folders: dict[Path, dict[str, set[str]]] = {}
+    for path, stages in table.items():
+        folders.setdefault(Path(path).parent, {})[path] = stages
+    rows = {}
+    for folder, files in folders.items():
+        kinds = {frozenset(stages) for stages in files.values()}
+        alike = len(files) > 1 and len(kinds) == 1 and all(path.endswith(".py") for path in files)
+        rows |= {f"{folder}/*.py": set(next(iter(kinds)))} if alike else files
+    lines = [
+        f"| `{path}` | {', '.join(sorted(stages)) or '(none)'} |" for path, stages in sorted(rows.items())
     ]
-    return "\n".join(["| edited file | stages `dvc status` reports stale |", "|---|---|", *rows]) + "\n"
+    return "\n".join(["| edited file | stages `dvc status` reports stale |", "|---|---|", *lines]) + "\n"
 
 
 def test_an_edit_makes_stale_only_the_stages_of_its_concern(reproduced: Path) -> None:

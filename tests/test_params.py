@@ -262,13 +262,13 @@ def test_fsdp_on_the_cpu_is_refused_before_a_run_starts() -> None:
 
 
 def test_the_params_reference_is_generated_from_the_schema() -> None:
-    """docs/params.md is the schema's own account of every key (`python -m lmpipe.params.reference`)."""
+    """docs/params.md is the schema's own account of every key (`python -m lmpipe.regenerate`)."""
     from lmpipe.params.reference import DOC, reference
 
     text = reference()
     assert "| `pretrain.lr` | float | `0.001` | > 0 |" in text
     assert "`models.<name>.preset`" in text and "`finetune.tasks.<name>.epochs`" in text
-    stale = "docs/params.md is stale: python -m lmpipe.params.reference"
+    stale = "docs/params.md is stale: python -m lmpipe.regenerate"
     assert DOC.read_text(encoding="utf-8") == text, stale
 
 

@@ -1,10 +1,9 @@
 """docs/params.md, generated from the schema: every key of params.yaml with its type, its default and
 its rules, so that the reference cannot drift from what the stages accept. `python -m
-lmpipe.params.reference` rewrites it; the suite fails when it is stale."""
+lmpipe.regenerate` rewrites it; the suite fails when it is stale."""
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import types
 import typing
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC, PARAMS_YAML = ROOT / "docs/params.md", ROOT / "params.yaml"
 HEADER = """# params.yaml reference
 
-Generated from the schema (`lmpipe/params/`) by `python -m lmpipe.params.reference`; the suite fails
+Generated from the schema (`lmpipe/params/`) by `python -m lmpipe.regenerate`; the suite fails
 when this file is stale. Defaults are the schema's: the project's `params.yaml` sets the offline default
 profile on top of them, and `flows/profiles/*.yaml` other profiles. An unknown key, a wrong type or a
 value outside the rules stops a stage before any work, with one line naming the dotted key.
@@ -140,18 +139,3 @@ def quality_rules() -> str:
         keys = ", ".join(f"`clean.{key}`" for key in rule.params)
         lines.append(f"| `{rule.name}` | {keys} | {rule.drops} |")
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m lmpipe.params.reference", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/params.md is stale")
-    text = reference()
-    if parser.parse_args(argv).check:
-        raise SystemExit(0 if DOC.exists() and DOC.read_text(encoding="utf-8") == text else 1)
-    DOC.write_text(text, encoding="utf-8")
-
-
-if __name__ == "__main__":
-    main()

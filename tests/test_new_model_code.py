@@ -1,0 +1,149 @@
+"""A new objective and a new architecture are two modules and one registry line each: written into a
+copy of the project, regenerated (`python -m lmpipe.regenerate`), and trained by `dvc repro` through
+pretraining, the export and fine-tuning, with no other file of the project touched by hand."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.project import ROOT, dvc, make_project, sh, stages_ran, tiny
+
+FILES = {
+    "models/specs/objectives/reverse.py": '''
+        """A toy objective: predict a row's first `keep` tokens reversed, from the row."""
+
+        from __future__ import annotations
+
+        from dataclasses import dataclass, field
+
+        from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+
+
+        @dataclass(frozen=True)
+        class ReverseParams(ObjectiveParams):
+            keep: int = field(default=4, metadata={"ge": 1, "description": "tokens to reverse"})
+
+
+        class Reverse(ObjectiveSpec):
+            name, kind, Params = "reverse", "sequence", ReverseParams
+            implementation = "models.objectives.reverse"
+
+            def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+                return seq_len, args["keep"], args["keep"]
+
+
+        OBJECTIVE = register(Reverse())
+    ''',
+    "models/objectives/reverse.py": '''
+        """What the toy objective computes."""
+
+        from __future__ import annotations
+
+        import torch
+        from torch import Tensor
+
+        from models.objectives.base import ObjectiveImplementation
+        from models.pair import Pair
+        from models.specs.objectives.base import Args
+
+
+        class Reverse(ObjectiveImplementation):
+            def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
+                return Pair(rows, rows[:, : args["keep"]].flip(1))
+
+
+        IMPLEMENTATION = Reverse()
+    ''',
+    "models/specs/architectures/mean_decoder.py": '''
+        """A toy architecture: GPT's decoder, fine-tuned on the mean of its states."""
+
+        from __future__ import annotations
+
+        from models.specs.architectures.base import register
+        from models.specs.architectures.decoder import DecoderSpec
+
+
+        class MeanDecoderSpec(DecoderSpec):
+            name, poolings = "mean_decoder", ("mean",)
+            finetune_lm_loss = False
+            implementation = "models.architectures.mean_decoder"
+
+
+        ARCHITECTURE = register(MeanDecoderSpec())
+    ''',
+    "models/architectures/mean_decoder.py": '''
+        """What the toy architecture computes."""
+
+        from __future__ import annotations
+
+        from torch import Tensor
+
+        from models.architectures.base import implemented
+        from models.architectures.decoder import Decoder
+        from models.architectures.encoder import pooled_states
+        from models.specs.architectures.mean_decoder import MeanDecoderSpec
+        from models.transformer import Transformer
+
+
+        class MeanDecoder(MeanDecoderSpec, Decoder):
+            def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
+                return pooled_states(model.decode(ids, pad_mask), pad_mask, "mean")
+
+
+        ARCHITECTURE = implemented(MeanDecoder())
+    ''',
+}
+REGISTRY_LINES = {
+    "models/specs/objectives/__init__.py": "from models.specs.objectives import reverse as reverse\n",
+    "models/specs/architectures/__init__.py": (
+        "from models.specs.architectures import mean_decoder as mean_decoder\n"
+    ),
+}
+
+
+def add_line(path: Path, line: str) -> None:
+    """The registry's line, last among its own (before `# isort: on`)."""
+    text = path.read_text()
+    path.write_text(text.replace("# isort: on\n", line + "# isort: on\n"))
+
+
+@pytest.mark.slow
+def test_a_new_objective_and_architecture_are_their_modules_and_a_line_each(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "project", tiny)
+    shutil.copytree(ROOT / "docs", project / "docs", ignore=shutil.ignore_patterns("*.png", "results"))
+    sh(project, "git", "add", "-A")
+    sh(project, "git", "commit", "-qm", "docs")
+    for name, source in FILES.items():
+        (project / name).write_text(textwrap.dedent(source).lstrip())
+    for name, line in REGISTRY_LINES.items():
+        add_line(project / name, line)
+    sh(project, "python", "-m", "lmpipe.regenerate")
+
+    changed = sh(project, "git", "status", "--porcelain").stdout.splitlines()
+    assert sorted(line[3:] for line in changed) == sorted(
+        [*FILES, *REGISTRY_LINES, "dvc.yaml", "params.yaml", "docs/params.md"]
+    )
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    assert params["objectives"]["reverse"] == {"keep": 4}
+    assert "models/objectives/reverse.py" in (project / "dvc.yaml").read_text()
+
+    # a decoder reads the row and the reversed tokens: 4 more than the row
+    toy = {"arch": "mean_decoder", "objective": "reverse", "preset": "tiny", "max_len": 160}
+    params["models"] = {"toy": toy}
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    ran = stages_ran(dvc(project, "repro"))
+    assert {"pretrain@toy", "export@toy", "finetune@toy", "evaluate"} <= set(ran), ran
+    config = json.loads((project / "checkpoints/toy/hf/config.json").read_text())
+    assert config["lmpipe"]["arch"] == "mean_decoder"
+    assert (
+        "class MeanDecoder(MeanDecoderSpec, Decoder)"
+        in (project / "checkpoints/toy/hf/modeling_lmpipe.py").read_text()
+    )
+    summary = json.loads((project / "data/finetune/toy/pretrained/stsb/summary.json").read_text())
+    assert (summary["arch"], summary["objective"]) == ("mean_decoder", "reverse")

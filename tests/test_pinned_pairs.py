@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from lmpipe import pretraining
+from lmpipe.params.pretrain import PretrainParams, objectives_params
 from models.config import ModelConfig
 from models.lightning import PackedBatches, PretrainModule, TrainConfig
 from models.transformer import weight_decay_groups
@@ -18,19 +20,6 @@ from models.transformer import weight_decay_groups
 VOCAB = 300
 PAIRS = {"encoder": "mlm", "decoder": "clm", "encoder_decoder": "span"}
 KEYS = {"encoder": ("input_ids", "positions", "labels"), "decoder": ("input_ids", "labels")}
-ARGS = {
-    "mlm": {
-        "mask_rate": 0.15,
-        "mask_fraction": 0.8,
-        "random_fraction": 0.1,
-        "masking": "dynamic",
-        "copies": 10,
-        "mask_unit": "token",
-        "boundary_loss": False,
-    },
-    "clm": {},
-    "span": {"noise_density": 0.15, "mean_span_length": 3.0, "noise_mask": "random_spans"},
-}
 # sha256 of the first 3 micro-batches' tensors; the 4 step losses; the sum of |weights| after them
 PINNED = {
     "encoder": (
@@ -52,26 +41,11 @@ PINNED = {
 
 
 def train_config(arch: str) -> TrainConfig:
-    objective = PAIRS[arch]
-    return TrainConfig(
-        arch=arch,
-        objective=objective,
-        objective_args=ARGS[objective],
-        seed=7,
-        seq_len=32,
-        batch_size=4,
-        max_steps=4,
-        accumulate=1,
-        lr=1e-3,
-        warmup_steps=0,
-        schedule="constant",
-        min_lr_ratio=0.1,
-        weight_decay=0.01,
-        beta1=0.9,
-        beta2=0.98,
-        sampling="random",
-        val_batches=1,
+    """Four steps of 4 rows of 32 at a constant 1e-3, the objectives' default params, seed 7."""
+    run = PretrainParams(
+        seq_len=32, batch_size=4, max_steps=4, warmup_steps=0, schedule="constant", val_batches=1
     )
+    return pretraining.train_config(arch, PAIRS[arch], run, objectives_params(), 7)
 
 
 def batches_digest(batches: list[dict[str, torch.Tensor]], keys: tuple[str, ...]) -> str:

@@ -21,10 +21,20 @@ import pandas as pd
 
 from lmpipe.codedeps import code_digest
 from lmpipe.glue.tasks import TASKS, GlueTask
-from lmpipe.layout import GLUE, SPM_MODEL, TOKENIZER, final_checkpoint, predictions_sha256
-from lmpipe.params.finetune import FinetuneCommonParams, FinetuneTaskParams
+from lmpipe.layout import (
+    GLUE,
+    INITS,
+    SPM_MODEL,
+    TOKENIZER,
+    final_checkpoint,
+    finetune_cache,
+    finetune_out,
+    predictions_sha256,
+)
+from lmpipe.params.finetune import FinetuneCommonParams, FinetuneSections, FinetuneTaskParams
 from lmpipe.runtime import (
     StageError,
+    atomic_dir,
     cpu_threads,
     read_json,
     setup_logging,
@@ -290,3 +300,77 @@ def cached_result(out: Path) -> dict[str, Any] | None:
     """The result of a finished job whose entry is whole, else None."""
     path = out / "result.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def planned_jobs(
+    params: FinetuneSections, name: str, common: FinetuneCommonParams, tokenizer: dict[str, Any], weights: str
+) -> tuple[list[FinetuneJob], list[Path]]:
+    """Every (task, init, seed) fine-tune of `name`, and where each one's finished result is kept: by
+    the digest of what it depends on (a scratch job not on the pretrained weights, so that a new
+    pretraining leaves the baselines' results in place)."""
+    variant, jobs, outs = params.models[name], [], []
+    config = variant.config(tokenizer["vocab_size"])
+    for task_name in params.glue.tasks:
+        task, recipe = TASKS[task_name], params.recipe_of(name, task_name)
+        files = task_files(task)
+        for init in INITS:
+            depends_on = {"tokenizer": tokenizer["sha256"], **files}
+            if init == "pretrained":
+                depends_on["weights"] = weights
+            for seed in params.finetune.seeds:
+                job = FinetuneJob(
+                    model=name,
+                    init=init,
+                    task=task_name,
+                    seed=seed,
+                    data_seed=params.seed,
+                    recipe=recipe,
+                    common=common,
+                    config=config,
+                    pooling=common.pooling_of(variant.arch),
+                    num_labels=1 if task.is_regression else len(task.labels or ()),
+                    lr_key=params.recipe_key(name, task_name, "lr"),
+                )
+                jobs.append(job)
+                outs.append(finetune_cache(job.digest(depends_on)))
+    return jobs, outs
+
+
+def write_finetunes(
+    params: FinetuneSections,
+    name: str,
+    jobs: list[FinetuneJob],
+    outs: list[Path],
+    tokenizer_sha: str,
+    weights: str,
+) -> None:
+    """data/finetune/<model>/<init>/<task>/: each seed's predictions and the task's summary.json."""
+    variant = params.models[name]
+    with atomic_dir(finetune_out(name)) as tmp:
+        for init in INITS:
+            for task_name in params.glue.tasks:
+                task_dir = tmp / init / task_name
+                task_dir.mkdir(parents=True)
+                results = {}
+                for job, out in zip(jobs, outs, strict=True):
+                    if (job.task, job.init) == (task_name, init):
+                        shutil.copytree(out / "predictions", task_dir / f"seed{job.seed}")
+                        results[str(job.seed)] = cached_result(out)
+                first = next(iter(results.values()))
+                kept = ("steps", "train_loss", "eval_loss", "predictions_sha256")
+                summary = {
+                    "model": name,
+                    "task": task_name,
+                    "init": init,
+                    "arch": variant.arch,
+                    "objective": variant.objective,
+                    "train_rows": first["train_rows"],
+                    "eval_rows": first["eval_rows"],
+                    "steps": first["steps"],
+                    "synthetic": params.glue.synthetic,
+                    "tokenizer_sha256": tokenizer_sha,
+                    # of the pretrained checkpoint; None from scratch
+                    "weights_sha256": weights if init == "pretrained" else None,
+                    "seeds": {seed: {k: result[k] for k in kept} for seed, result in results.items()},
+                }
+                write_json(task_dir / "summary.json", summary)

@@ -1,30 +1,48 @@
-"""What stage `pretrain@<model>` is made of: params.yaml as the Lightning module's config and a
-step budget, the Trainer, exact resume, the exported weights, the metrics and the loss curve."""
+"""A pretraining run, what stage `pretrain@<model>` calls (`pretrain`): params.yaml as the Lightning
+module's config and a step budget, the Trainer, exact resume, the exported weights, the metrics and
+the loss curve (models/lightning.py: the module and its data)."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
 import json
+import logging
 import os
 import shutil
+import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from lmpipe.codedeps import code_digest
-from lmpipe.layout import WEIGHTS
+from lmpipe.layout import (
+    TOKENIZER,
+    TOKENS,
+    WEIGHTS,
+    final_checkpoint,
+    final_weights,
+    pretrain_curve,
+    pretrain_metrics,
+    resume_checkpoints,
+)
+from lmpipe.params.models import ModelParams
 from lmpipe.params.pretrain import PretrainParams, PretrainSections
 from lmpipe.runtime import (
     StageError,
     atomic_dir,
     atomic_file,
     log,
+    read_json,
+    sha256_file,
+    training_threads,
     write_json,
 )
+from lmpipe.tracking import WEIGHTS_TAG, flatten, lightning_logger, tracking_experiment
 
 
 def train_config(arch: str, objective: str, pretrain: PretrainParams, objectives: Any, seed: int) -> Any:
@@ -255,3 +273,174 @@ def summarise(
         f"val_{objective}_accuracy": metrics.get(f"val/{objective}_accuracy"),
         **val_metrics,
     }
+
+
+@dataclass
+class Prepared:
+    """A pretraining run as it will train: its params resolved (`auto` precision), its configs, the
+    packed data's meta and one micro-batch's FLOPs, counted and estimated."""
+
+    variant: ModelParams
+    run: PretrainParams
+    meta: dict[str, Any]
+    model_cfg: Any
+    train_cfg: Any
+    flops: tuple[int, int]
+    micro_batches: int
+
+
+def prepared(name: str, params: PretrainSections) -> Prepared:
+    """`name`'s run from params.yaml: its configs, this process's threads, its step budget."""
+    import torch
+
+    from models.flops import count_step_flops, estimate_step_flops
+    from models.training import resolve_precision
+
+    variant, run = params.models[name], params.pretrain_of(name)
+    meta = read_json(TOKENS / "meta.json", "pack")
+    model_cfg = variant.config(meta["vocab_size"])
+    train_cfg = train_config(variant.arch, variant.objective, run, params.objectives, params.seed)
+    # a fixed thread count, whoever starts the stage and beside what: it changes the float bits;
+    # OMP_NUM_THREADS too, so that Lightning's launcher and the processes it starts keep it
+    threads = training_threads(run.threads, run.devices if isinstance(run.devices, int) else 1)
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if run.accelerator == "gpu" and not torch.cuda.is_available():
+        raise StageError("params.yaml: pretrain.accelerator=gpu: no CUDA device is visible")
+    # `auto` resolved here, so the resume fingerprint and MLflow hold the precision that trains
+    run = run.model_copy(update={"precision": resolve_precision(run.precision, train_device(run))})
+    # compute: one micro-batch's FLOPs, counted on the meta device; a FLOPs budget becomes steps
+    flops = (count_step_flops(model_cfg, train_cfg), estimate_step_flops(model_cfg, train_cfg))
+    micro_batches = run.accumulate * world_size(run)
+    train_cfg = replace(train_cfg, max_steps=step_budget(name, params, run, flops[0] * micro_batches))
+    return Prepared(variant, run, meta, model_cfg, train_cfg, flops, micro_batches)
+
+
+def pretrain(name: str, params: PretrainSections) -> None:
+    """Pretrain `name`, resumed where an interrupted run with the same fingerprint stopped, and write
+    its outputs: the final weights, the metrics, the loss curve; one MLflow run."""
+    import torch
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from models.lightning import PretrainModule
+    from models.training import NonFiniteLoss
+
+    plan = prepared(name, params)
+    run, train_cfg = plan.run, plan.train_cfg
+    _quiet_lightning()
+    # resume: the checkpoints of an interrupted run with the same fingerprint, if one left them
+    unshaping = {"max_minutes", "num_workers"}  # a wall-clock guard; which processes build the batches
+    shaping = (plan.model_cfg.to_dict(), train_cfg.__dict__, run.model_dump(exclude=unshaping))
+    run_fingerprint = fingerprint(*shaping, plan.meta["tokenizer_sha256"], plan.meta["train"])
+    resume_dir = resume_checkpoints(name, run_fingerprint)
+    with resumable(resume_dir, run_fingerprint, rank_zero_only.rank == 0) as ckpt:
+        logger = _tracked(name, params, plan, resume_dir, ckpt is not None)
+        torch.manual_seed(params.seed)
+        module = PretrainModule(plan.model_cfg.to_dict(), train_cfg.__dict__, compile=run.compile)
+        trainer = trainer_for(run, train_cfg.max_steps, resume_dir, logger)
+        data = _data(name, plan, trainer, module)
+        log.info(
+            "pretrain@%s: %s/%s, %.2fM parameters, %d steps of %.3g FLOPs in %s, %s",
+            name,
+            plan.variant.arch,
+            plan.variant.objective,
+            module.model.num_parameters() / 1e6,
+            train_cfg.max_steps,
+            plan.flops[0] * plan.micro_batches,
+            run.precision,
+            f"resuming from {ckpt}" if ckpt else "from scratch",
+        )
+        # train, then one last validation on the final weights
+        started = time.perf_counter()
+        try:
+            trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+        except NonFiniteLoss as exc:
+            kept = f"the last good checkpoint in {resume_dir} is kept"
+            raise StageError(f"pretrain@{name}: {exc}; {kept}") from None
+        minutes = (time.perf_counter() - started) / 60
+        trainer.save_checkpoint(resume_dir / "last.ckpt")
+        trainer.validate(module, datamodule=data, verbose=False)
+        summary = summarise(trainer, module, run, plan.variant.objective, plan.flops)
+        state = trainer.strategy.lightning_module_state_dict()  # on every process: FSDP gathers its shards
+        if trainer.is_global_zero:
+            _write_outputs(name, plan, module, state, summary, minutes, logger)
+        log.info(
+            "pretrain@%s: %d steps in %.1f min, val loss %.3f",
+            name,
+            summary["steps"],
+            minutes,
+            summary["val_loss"] or float("nan"),
+        )
+
+
+def _quiet_lightning() -> None:
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # our own lines say what happens
+    warnings.filterwarnings("ignore", message=".*exists and is not empty")  # expected when resuming
+    warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")  # Lightning vs torch 2.13
+    # validation batches are built once, in memory: workers would only copy them
+    warnings.filterwarnings("ignore", message=".*'val_dataloader' does not have many workers")
+
+
+def _tracked(name: str, params: PretrainSections, plan: Prepared, resume_dir: Path, resumed: bool) -> Any:
+    """The run's MLflow logger: one run, continued by a resumed run, its params logged once."""
+    variant, meta = plan.variant, plan.meta
+    tags = {"model": name, "arch": variant.arch, "objective": variant.objective}
+    tags |= {"data.synthetic": meta["synthetic"], "tokenizer_sha256": meta["tokenizer_sha256"]}
+    logger = lightning_logger(tracking_experiment(), name, resume_dir / "mlflow_run_id", resumed, tags)
+    if not resumed:
+        logged = {"seed": params.seed, "model": variant.model_dump(exclude_none=True)}
+        logged |= {"objective": plan.train_cfg.objective_args, "pretrain": plan.run.model_dump()}
+        logger.log_hyperparams(flatten(logged))
+    return logger
+
+
+def _data(name: str, plan: Prepared, trainer: Any, module: Any) -> Any:
+    """The packed tokens as the trainer reads them (with the piece tables the objective reads), and the
+    module's FLOPs for the MFU on a GPU."""
+    import torch
+
+    from models.flops import peak_flops
+    from models.lightning import TokenDataModule
+    from models.pieces import piece_tables
+    from models.specs.objectives import OBJECTIVES
+
+    run, train_cfg, meta = plan.run, plan.train_cfg, plan.meta
+    on_gpu = trainer.strategy.root_device.type == "cuda"
+    if on_gpu:
+        torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32
+    workers = loader_workers(run.num_workers, on_gpu, trainer.num_devices)
+    parts = OBJECTIVES[train_cfg.objective].components(train_cfg.objective_args)
+    tables = [table for _, part, own in parts for table in part.piece_tables(own)]
+    pieces = piece_tables(TOKENIZER / "spm.model", tables)  # whole words, spans, sentences
+    data = TokenDataModule(
+        TOKENS, train_cfg, meta["vocab_size"], meta["dtype"], workers, pin_memory=on_gpu, pieces=pieces
+    )
+    if trainer.world_size * run.accumulate != plan.micro_batches:
+        processes = f"{trainer.world_size} processes, not {world_size(run)}"
+        raise StageError(f"pretrain@{name}: Lightning trains on {processes}")
+    module.step_flops = plan.flops[0]
+    if on_gpu:
+        device = torch.cuda.get_device_name(trainer.strategy.root_device)
+        module.peak_flops = peak_flops(device)
+        if module.peak_flops is None:
+            log.info("pretrain@%s: no bf16 peak known for %s (models/flops.py): no MFU", name, device)
+    return data
+
+
+def _write_outputs(
+    name: str, plan: Prepared, module: Any, state: dict, summary: dict, minutes: float, logger: Any
+) -> None:
+    """The weights later stages load, the metrics and the loss curve; the MLflow run's last metrics."""
+    meta = plan.meta
+    provenance = {"name": name, "objective": plan.variant.objective, "steps": summary["steps"]}
+    provenance |= {"tokenizer_sha256": meta["tokenizer_sha256"], "synthetic": meta["synthetic"]}
+    export(plan.model_cfg, state, final_checkpoint(name), provenance)
+    # fine-tunes find this run by the digest of the weights they load (no run id in the outputs)
+    logger.experiment.set_tag(logger.run_id, WEIGHTS_TAG, sha256_file(final_weights(name)))
+    write_json(pretrain_metrics(name), summary)
+    write_curve(pretrain_curve(name), module.history)
+    final = {"minutes": minutes} | {
+        key: summary[key] for key in ("steps", "tokens_seen", "train_flops", "train_flops_estimate")
+    }
+    logger.log_metrics({f"final/{key}": value for key, value in final.items()})
+    logger.finalize("success")

@@ -15,7 +15,6 @@ the CPU the jobs run in as many worker processes as the stage's cores hold, at
 from __future__ import annotations
 
 import argparse
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,15 +24,15 @@ from lmpipe.finetuning import (
     check_tokenizer,
     device,
     job_workers,
+    planned_jobs,
     run_jobs,
-    task_files,
     tokenizer_meta,
+    write_finetunes,
 )
-from lmpipe.glue.tasks import TASKS
-from lmpipe.layout import INITS, final_weights, finetune_cache, finetune_out, finetune_stage
+from lmpipe.layout import final_weights, finetune_stage
 from lmpipe.params.finetune import FinetuneSections
 from lmpipe.params.project import load_stage_params
-from lmpipe.runtime import StageError, atomic_dir, log, run_main, sha256_file, write_json
+from lmpipe.runtime import StageError, log, run_main, sha256_file
 from lmpipe.tracking import (
     PREDICTIONS_TAG,
     WEIGHTS_TAG,
@@ -50,7 +49,6 @@ def main(argv: list[str] | None = None) -> None:
     name = parser.parse_args(argv).model
     params = load_stage_params(FinetuneSections)
     params.check_model(name)
-    variant, stage = params.models[name], finetune_stage(name)
     tok = tokenizer_meta()
     check_tokenizer(name, tok["sha256"])
     weights_sha = sha256_file(final_weights(name))
@@ -61,39 +59,14 @@ def main(argv: list[str] | None = None) -> None:
     target = device(params.finetune.common.accelerator)
     common = params.finetune.common
     common = common.model_copy(update={"precision": resolve_precision(common.precision, target)})
-    config, jobs, outs = variant.config(tok["vocab_size"]), [], []
-    for task_name in params.glue.tasks:
-        task, recipe = TASKS[task_name], params.recipe_of(name, task_name)
-        files = task_files(task)
-        for init in INITS:
-            # a scratch job does not depend on the pretrained weights: a new pretraining re-runs the
-            # stage, and its baselines come from the finished jobs
-            depends_on = {"tokenizer": tok["sha256"], **files}
-            if init == "pretrained":
-                depends_on["weights"] = weights_sha
-            for seed in params.finetune.seeds:
-                job = FinetuneJob(
-                    model=name,
-                    init=init,
-                    task=task_name,
-                    seed=seed,
-                    data_seed=params.seed,
-                    recipe=recipe,
-                    common=common,
-                    config=config,
-                    pooling=common.pooling_of(variant.arch),
-                    num_labels=1 if task.is_regression else len(task.labels or ()),
-                    lr_key=params.recipe_key(name, task_name, "lr"),
-                )
-                jobs.append(job)
-                outs.append(finetune_cache(job.digest(depends_on)))
+    jobs, outs = planned_jobs(params, name, common, tok, weights_sha)
     # the longest first (by epochs and length), so that no worker is left with a long one at the end
     todo = [i for i, out in enumerate(outs) if cached_result(out) is None]
     todo.sort(key=lambda i: -jobs[i].recipe.epochs * jobs[i].recipe.max_len)
     workers = job_workers(len(todo), common.threads, target.type == "cuda")
     log.info(
         "%s: %d fine-tunes (%d tasks x %d seeds, pretrained and from scratch), %d done before; %d at once",
-        stage,
+        finetune_stage(name),
         len(jobs),
         len(params.glue.tasks),
         len(params.finetune.seeds),
@@ -103,35 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     if todo:
         finished = run_jobs([jobs[i] for i in todo], [outs[i] for i in todo], workers)
         log_runs(params, name, weights_sha, tok["sha256"], finished)
-
-    with atomic_dir(finetune_out(name)) as tmp:
-        for init in INITS:
-            for task_name in params.glue.tasks:
-                task_dir = tmp / init / task_name
-                task_dir.mkdir(parents=True)
-                results = {}
-                for job, out in zip(jobs, outs, strict=True):
-                    if (job.task, job.init) == (task_name, init):
-                        shutil.copytree(out / "predictions", task_dir / f"seed{job.seed}")
-                        results[str(job.seed)] = cached_result(out)
-                first = next(iter(results.values()))
-                kept = ("steps", "train_loss", "eval_loss", "predictions_sha256")
-                summary = {
-                    "model": name,
-                    "task": task_name,
-                    "init": init,
-                    "arch": variant.arch,
-                    "objective": variant.objective,
-                    "train_rows": first["train_rows"],
-                    "eval_rows": first["eval_rows"],
-                    "steps": first["steps"],
-                    "synthetic": params.glue.synthetic,
-                    "tokenizer_sha256": tok["sha256"],
-                    # of the pretrained checkpoint; None from scratch
-                    "weights_sha256": weights_sha if init == "pretrained" else None,
-                    "seeds": {seed: {k: result[k] for k in kept} for seed, result in results.items()},
-                }
-                write_json(task_dir / "summary.json", summary)
+    write_finetunes(params, name, jobs, outs, tok["sha256"], weights_sha)
 
 
 def log_runs(

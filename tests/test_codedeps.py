@@ -277,6 +277,17 @@ def test_nothing_imports_a_stage_but_to_run_it() -> None:
     assert offences == []
 
 
+def test_every_stage_main_is_short() -> None:
+    """A stage's `main` reads its params, calls the library and writes: 60 lines at most (the stage's
+    work is in lmpipe/ or models/, where the tests and the flows reach it)."""
+    lengths = {}
+    for path in sorted((ROOT / "stages").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name == "main":
+                lengths[path.name] = node.end_lineno - node.lineno + 1
+    assert len(lengths) >= 10 and max(lengths.values()) <= 60, lengths
+
+
 def test_the_layers_import_only_downwards() -> None:
     """models/ is the layer the library builds on: it imports nothing of lmpipe/, stages/ or flows/;
     stages/ never imports flows/ (docs/development.md, "Where things are")."""

@@ -16,14 +16,20 @@ from lmpipe.glue.metrics import glue_average, scores
 from lmpipe.glue.tasks import TASKS, GlueTask
 from lmpipe.layout import (
     GLUE,
+    GLUE_CHART,
+    GLUE_METRICS,
+    GLUE_PLOT,
+    GLUE_REPORT,
+    GLUE_TABLE,
     INITS,
+    PREDICTIONS,
     finetune_dir,
     finetune_stage,
     predictions_sha256,
 )
 from lmpipe.params.finetune import FinetuneSections
 from lmpipe.report.significance import METHOD, VERDICTS, Difference, compare
-from lmpipe.runtime import StageError, log, read_json
+from lmpipe.runtime import StageError, atomic_file, log, read_json, write_json
 from lmpipe.tracking import tracking_experiment
 
 METRIC_NAMES = {
@@ -447,3 +453,68 @@ def aligned_predictions(scored: Scored, seeds: list[int]) -> pd.DataFrame:
         for (model, init, key), predictions in scored.predictions.items()
     ]
     return pd.concat(frames, ignore_index=True)
+
+
+@dataclass
+class Evaluation:
+    """What the stage writes, all computed before the first file: a failure leaves no partial outputs."""
+
+    scored: Scored
+    summary: dict[str, Any]  # metrics/glue.json
+    versus_scratch: dict[str, dict[str, Difference]]
+    report: str
+    chart: bytes
+    plot: pd.DataFrame
+    aligned: pd.DataFrame
+
+
+def evaluate(params: FinetuneSections) -> Evaluation:
+    """Every fine-tune scored from its predictions, each model against its scratch baseline and the
+    best model against the others, the report and the chart."""
+    if not params.models:
+        raise StageError("params.yaml: models: no models to evaluate")
+    scored = collect(params)
+    medians = summarize(scored.table)
+    versus_scratch = {
+        model: differences(scored, (model, "pretrained"), (model, "scratch"), params.seed)
+        for model in params.models
+    }
+    summary = glue_metrics(medians, seed_spread(scored.table), versus_scratch)
+    best = max(summary, key=lambda m: summary[m]["pretrained"]["average"])
+    versus_best = {
+        other: differences(scored, (best, "pretrained"), (other, "pretrained"), params.seed)["average"]
+        for other in summary
+        if other != best
+    }
+    plot = pd.DataFrame(
+        [
+            {"run": f"{model}/{init}/{title(key)}", "score": value}
+            for model, inits in summary.items()
+            for init in INITS
+            for key, value in inits[init].items()
+        ]
+    )
+    return Evaluation(
+        scored,
+        summary,
+        versus_scratch,
+        report(params, scored, medians, summary, versus_scratch, best, versus_best),
+        bar_chart(summary, params.glue.synthetic),
+        plot,
+        aligned_predictions(scored, params.finetune.seeds),
+    )
+
+
+def write_outputs(evaluation: Evaluation) -> None:
+    """The table of every seed, the report, the chart, the plot, the aligned predictions, the metrics."""
+    with atomic_file(GLUE_TABLE) as handle:
+        evaluation.scored.table.to_csv(handle, index=False)
+    with atomic_file(GLUE_REPORT) as handle:
+        handle.write(evaluation.report)
+    with atomic_file(GLUE_CHART, "wb") as handle:
+        handle.write(evaluation.chart)
+    with atomic_file(GLUE_PLOT) as handle:
+        evaluation.plot.to_csv(handle, index=False)
+    with atomic_file(PREDICTIONS, "wb") as handle:
+        evaluation.aligned.to_parquet(handle, index=False)
+    write_json(GLUE_METRICS, evaluation.summary)

@@ -1,11 +1,5 @@
-"""BART's noise functions (its Table 1): the encoder reads a corrupted row, the decoder rebuilds the
-whole original. Token masking: i.i.d. tokens become [MASK]; token deletion: they are removed; text
-infilling: spans of Poisson(λ) lengths (0 included: a [MASK] inserted) each become one [MASK], so the
-model also learns how many tokens are missing; document rotation: the row starts at a random token.
-Sentence permutation shuffles the row's sentences before the noise function (fairseq's order), with
-or without one (`noise: none`); a sentence ends at a full stop, question or exclamation mark or a
-document's end (the tokenizer's `sentence_ends` table, models/pieces.py), where fairseq splits at
-GPT-2's full-stop token, and a row's first and last sentences are cut by the row's window."""
+"""BART's noise functions, declared: its params and their bounds, the tokens a row reads and the widths of
+its pair (models/objectives/bart.py says what it computes and how)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""T5's "BERT-style" objective (its Table 4, "predict all"): the noise of a row (i.i.d. tokens, as T5
-drew it, or spans) becomes [MASK], a random token or stays itself (BERT's 80/10/10); the targets are the
-whole original row. With `mask_fraction` 1 and `random_fraction` 0 it is T5's "MASS-style" row."""
+"""T5's "BERT-style" objective, declared: its params and their bounds, the tokens a row reads and the
+widths of its pair (models/objectives/bert_style.py says what it computes and how)."""
 
 from __future__ import annotations
 

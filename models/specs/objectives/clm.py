@@ -1,4 +1,5 @@
-"""GPT's causal LM: the next token at every position of a row (documents separated by EOS)."""
+"""GPT's causal LM, declared: its params and their bounds, the tokens a row reads and the widths of its pair
+(models/objectives/clm.py says what it computes and how)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""T5's deshuffling (its Table 4): the encoder reads the row's tokens in a random order, the decoder
-rebuilds the original. As T5's own code draws it (`permute_noise_tokens` with every token noise), the
-permutation is of the whole row, token by token."""
+"""T5's deshuffling, declared: its params and their bounds, the tokens a row reads and the widths of its pair
+(models/objectives/deshuffle.py says what it computes and how)."""
 
 from __future__ import annotations
 

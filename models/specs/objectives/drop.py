@@ -1,5 +1,5 @@
-"""T5's "drop corrupted tokens" (its Table 4, the best row): the noise of a row (i.i.d. tokens, as T5
-drew it, or spans) is removed from the inputs, and the targets are the noise tokens alone, in order."""
+"""T5's "drop corrupted tokens", declared: its params and their bounds, the tokens a row reads and the
+widths of its pair (models/objectives/drop.py says what it computes and how)."""
 
 from __future__ import annotations
 

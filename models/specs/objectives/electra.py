@@ -1,10 +1,5 @@
-"""ELECTRA's replaced-token detection (Clark et al., 2020). A small generator, a masked LM that shares
-the discriminator's embeddings, predicts the masked tokens and fills their places with samples from
-its softmax (no gradient through the samples); the discriminator, the model itself (what fine-tunes
-and exports), labels every real token original or replaced. The step minimises the generator's
-masked-LM loss plus 50 × the discriminator's loss over all tokens: it learns from every token, not
-from the 15 % that are masked. As google-research/electra: [MASK] at 85 % of the selected tokens, the
-rest kept (no random tokens); a token counts as replaced only where the sample differs from it."""
+"""ELECTRA's replaced-token detection, declared: its params and their bounds, the tokens a row reads and
+the widths of its pair (models/objectives/electra.py says what it computes and how)."""
 
 from __future__ import annotations
 

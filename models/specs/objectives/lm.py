@@ -1,6 +1,5 @@
-"""T5's prefix LM objective ("LM" in its Table 2): each row split at a random point, the prefix the
-inputs, the continuation the targets (T5's random_prefix_noise_mask: the inputs take between
-round((1 - 2·noise_density)·(L - 1)) and L - 1 tokens, uniformly; noise_density 0.5: 1 to L - 1)."""
+"""T5's prefix LM objective, declared: its params and their bounds, the tokens a row reads and the widths of
+its pair (models/objectives/lm.py says what it computes and how)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""MAE-LM (Meng et al., 2024, "Representation Deficiency in Masked Language Modeling"): the encoder never
-sees [MASK]. The selected tokens (15 %) are held out of the encoder's attention, as padding is, so the
-unmasked tokens are encoded from one another alone, each at its own position; a small bidirectional
-decoder (`decoder_layers`, the encoder's width; discarded after pretraining) reads the encoder's
-states with [MASK] embeddings (and their positions) in the held-out places and predicts those tokens
-through the tied LM head. Only the encoder fine-tunes and exports. The held-out tokens are masked
-out of the attention, not gathered away: the encoder computes the row's full length (the FLOPs count
-says so), where MAE-LM's gathers the 85 % it reads."""
+"""MAE-LM, declared: its params and their bounds, the tokens a row reads and the widths of its pair
+(models/objectives/mae_lm.py says what it computes and how)."""
 
 from __future__ import annotations
 

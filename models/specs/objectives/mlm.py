@@ -1,6 +1,5 @@
-"""BERT's masked LM: select non-special tokens at `mask_rate`; of those `mask_fraction` become [MASK],
-`random_fraction` a random token, the rest are kept; the loss is on the selected tokens only. Whole
-words or SpanBERT's spans, and its boundary objective, are options (models/objectives/spanbert.py)."""
+"""BERT's masked LM, declared: its params and their bounds, the tokens a row reads and the widths of its pair
+(models/objectives/mlm.py says what it computes and how)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""T5's span corruption ("replace corrupted spans"): the noise of a row (spans of a mean length, or
-i.i.d. tokens as in T5's objective tables) replaced by one sentinel per span in the inputs; the targets
-list each sentinel followed by its span (T5's random_spans_noise_mask arithmetic)."""
+"""T5's span corruption, declared: its params and their bounds, the tokens a row reads and the widths of
+its pair (models/objectives/span.py says what it computes and how)."""
 
 from __future__ import annotations
 

@@ -155,23 +155,23 @@ def expand(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> l
 def equal_flops_budget(points: Sequence[Params], base: int) -> tuple[float, str]:
     """The FLOPs every point gets: what the baseline point's one model spends on its step budget; and
     that in words. Every model of every point must afford its warmup on it."""
-    from lmpipe.pretraining import planned_train_flops
+    from lmpipe.pretraining import budget
 
     baseline = points[base]
     if len(baseline.models) != 1:
         raise PipelineError(f"equal FLOPs: the baseline point trains {len(baseline.models)} models, not one")
     (model,) = baseline.models
-    budget = planned_train_flops(baseline, model, baseline.tokenizer.vocab_size)
-    steps = baseline.pretrain_of(model).max_steps
+    baseline_budget = budget(baseline, model, baseline.tokenizer.vocab_size)
+    flops = baseline_budget.train_flops
     for params in points:
-        pretrain = params.pretrain.model_copy(update={"max_flops": budget})
+        pretrain = params.pretrain.model_copy(update={"max_flops": flops})
         equal = params.model_copy(update={"pretrain": pretrain})
         for name in params.models:
-            try:
-                planned_train_flops(equal, name, params.tokenizer.vocab_size)
+            try:  # every model affords its warmup on it
+                budget(equal, name, params.tokenizer.vocab_size)
             except StageError as exc:
                 raise PipelineError(f"equal FLOPs: {exc}") from None
-    return float(budget), f"{budget:.3g} FLOPs each, what {model} spends on its {steps} steps"
+    return float(flops), f"{flops:.3g} FLOPs each, what {model} spends on its {baseline_budget.steps} steps"
 
 
 def label(point: Mapping[str, Any], swept: Sequence[str]) -> str:

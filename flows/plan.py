@@ -77,13 +77,14 @@ def train_counts(params: Params, name: str) -> tuple[int, int, int]:
     """(parameters, steps, training FLOPs) of `pretrain@<name>` as the params set it."""
     import torch
 
-    from lmpipe.pretraining import planned_steps
+    from lmpipe.pretraining import budget
     from models.transformer import Transformer
 
     vocab = params.tokenizer.vocab_size
     with torch.device("meta"):
         parameters = Transformer(params.models[name].config(vocab)).num_parameters()
-    steps, step = planned_steps(params, name, vocab)
+    planned = budget(params, name, vocab)
+    steps, step = planned.steps, planned.step_flops
     return parameters, steps, steps * step
 
 

@@ -153,20 +153,42 @@ def world_size(run: PretrainParams) -> int:
     return (torch.cuda.device_count() if gpus else 1) * run.num_nodes
 
 
-def planned_train_flops(params: PretrainSections, name: str, vocab_size: int) -> int:
-    """The training FLOPs `pretrain@<name>` spends on its step budget as params.yaml sets it."""
-    steps, step = planned_steps(params, name, vocab_size)
-    return steps * step
+@dataclass(frozen=True)
+class Budget:
+    """What `pretrain@<name>` will train, in steps and FLOPs, as params.yaml sets it: the one place the
+    step budget is computed (the stage, the flows' plans and the equal-FLOPs presets read it)."""
+
+    run: PretrainParams  # its max_steps the budget's steps, whether max_steps or max_flops set them
+    train_cfg: Any  # the Lightning module's config, the same steps
+    flops: tuple[int, int]  # one micro-batch's forward and backward FLOPs: counted, estimated
+    micro_batches: int  # a step's micro-batches over every process
+
+    @property
+    def steps(self) -> int:
+        return self.run.max_steps
+
+    @property
+    def step_flops(self) -> int:
+        """The training FLOPs of one optimizer step."""
+        return self.flops[0] * self.micro_batches
+
+    @property
+    def train_flops(self) -> int:
+        return self.steps * self.step_flops
 
 
-def planned_steps(params: PretrainSections, name: str, vocab_size: int) -> tuple[int, int]:
-    """(the steps of `pretrain@<name>`'s budget, the training FLOPs of one) as params.yaml sets them."""
-    from models.flops import count_step_flops
+def budget(params: PretrainSections, name: str, vocab_size: int) -> Budget:
+    """`name`'s steps and FLOPs: max_steps, or the steps `max_flops` pays for when it is set."""
+    from models.flops import count_step_flops, estimate_step_flops
 
     variant, run = params.models[name], params.pretrain_of(name)
+    model_cfg = variant.config(vocab_size)
     train_cfg = train_config(variant.arch, variant.objective, run, params.objectives, params.seed)
-    step = count_step_flops(variant.config(vocab_size), train_cfg) * run.accumulate * world_size(run)
-    return step_budget(name, params, run, step), step
+    flops = (count_step_flops(model_cfg, train_cfg), estimate_step_flops(model_cfg, train_cfg))
+    micro_batches = run.accumulate * world_size(run)
+    steps = step_budget(name, params, run, flops[0] * micro_batches)
+    run = run.model_copy(update={"max_steps": steps})
+    return Budget(run, replace(train_cfg, max_steps=steps), flops, micro_batches)
 
 
 def step_budget(name: str, params: PretrainSections, run: PretrainParams, flops_per_step: int) -> int:
@@ -293,13 +315,11 @@ def prepared(name: str, params: PretrainSections) -> Prepared:
     """`name`'s run from params.yaml: its configs, this process's threads, its step budget."""
     import torch
 
-    from models.flops import count_step_flops, estimate_step_flops
     from models.training import resolve_precision
 
-    variant, run = params.models[name], params.pretrain_of(name)
     meta = read_json(TOKENS / "meta.json", "pack")
-    model_cfg = variant.config(meta["vocab_size"])
-    train_cfg = train_config(variant.arch, variant.objective, run, params.objectives, params.seed)
+    planned = budget(params, name, meta["vocab_size"])
+    variant, run = params.models[name], planned.run
     # a fixed thread count, whoever starts the stage and beside what: it changes the float bits;
     # OMP_NUM_THREADS too, so that Lightning's launcher and the processes it starts keep it
     threads = training_threads(run.threads, run.devices if isinstance(run.devices, int) else 1)
@@ -309,11 +329,8 @@ def prepared(name: str, params: PretrainSections) -> Prepared:
         raise StageError("params.yaml: pretrain.accelerator=gpu: no CUDA device is visible")
     # `auto` resolved here, so the resume fingerprint and MLflow hold the precision that trains
     run = run.model_copy(update={"precision": resolve_precision(run.precision, train_device(run))})
-    # compute: one micro-batch's FLOPs, counted on the meta device; a FLOPs budget becomes steps
-    flops = (count_step_flops(model_cfg, train_cfg), estimate_step_flops(model_cfg, train_cfg))
-    micro_batches = run.accumulate * world_size(run)
-    train_cfg = replace(train_cfg, max_steps=step_budget(name, params, run, flops[0] * micro_batches))
-    return Prepared(variant, run, meta, model_cfg, train_cfg, flops, micro_batches)
+    model_cfg = variant.config(meta["vocab_size"])
+    return Prepared(variant, run, meta, model_cfg, planned.train_cfg, planned.flops, planned.micro_batches)
 
 
 def pretrain(name: str, params: PretrainSections) -> None:

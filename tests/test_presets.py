@@ -186,7 +186,7 @@ def test_depth_width_rows_have_the_same_block_weights_and_train_on_equal_flops()
 def test_albert_rows_cut_parameters_not_flops_and_train_on_equal_flops() -> None:
     """ALBERT's rows at the default's tiny encoder (d 128: E 24, BERT-base's 128/768): each reduction
     cuts parameters, together the most; a shared block costs what its unshared layers do."""
-    from lmpipe.pretraining import planned_train_flops
+    from lmpipe.pretraining import budget
     from models.transformer import Transformer
 
     validated, plan = validated_points("albert")
@@ -196,7 +196,7 @@ def test_albert_rows_cut_parameters_not_flops_and_train_on_equal_flops() -> None
     for params in validated:
         (name,) = params.models
         size[name] = Transformer(params.models[name].config(vocab)).num_parameters()
-        step[name] = planned_train_flops(params, name, vocab) / params.pretrain_of(name).max_steps
+        step[name] = budget(params, name, vocab).step_flops
     assert size["encoder_bert"] > size["encoder_factorized"] > size["encoder_albert"]
     assert size["encoder_bert"] > size["encoder_shared"] > size["encoder_albert"]
     assert (
@@ -210,21 +210,21 @@ def test_albert_rows_cut_parameters_not_flops_and_train_on_equal_flops() -> None
 def test_electra_rows_pay_for_their_generator_in_steps_at_equal_flops() -> None:
     """MLM against ELECTRA at four generator widths: a wider generator costs more a step, so at the
     MLM's FLOPs each ELECTRA row gets fewer steps, the widest the fewest."""
-    from lmpipe.pretraining import planned_train_flops
+    from lmpipe.pretraining import budget
 
     validated, plan = validated_points("electra")
     assert [p.get("objectives.electra.generator_width") for p in plan.values] == [None, 0.125, 0.25, 0.5, 1.0]
-    budget, words = equal_flops_budget(validated, plan.base)
+    flops, words = equal_flops_budget(validated, plan.base)
     assert words.endswith("what encoder_mlm spends on its 200 steps")
     vocab = DEFAULT_PARAMS["tokenizer"]["vocab_size"]
     steps = []
     for params in validated:
         (name,) = params.models
         at_budget = params.model_copy(
-            update={"pretrain": params.pretrain.model_copy(update={"max_flops": budget})}
+            update={"pretrain": params.pretrain.model_copy(update={"max_flops": flops})}
         )
-        one_step = planned_train_flops(params, name, vocab) / 200
-        steps.append(planned_train_flops(at_budget, name, vocab) / one_step)
+        steps.append(budget(at_budget, name, vocab).steps)
+        assert budget(params, name, vocab).steps == 200
     assert steps[0] == pytest.approx(200) and 200 > steps[1] > steps[2] > steps[3] > steps[4], steps
 
 
@@ -234,7 +234,7 @@ def test_t5_table_rows_have_the_tables_parameters_and_costs() -> None:
     but the half-depth rows, which get half (the cost the table gives them)."""
     import torch
 
-    from lmpipe.pretraining import planned_train_flops
+    from lmpipe.pretraining import budget
     from models.transformer import Transformer
 
     def stacks(config) -> int:  # the parameters of the stacks, not the embeddings T5's P leaves out
@@ -251,7 +251,7 @@ def test_t5_table_rows_have_the_tables_parameters_and_costs() -> None:
     for params in validated:
         (name,) = params.models
         size[name] = stacks(params.models[name].config(vocab))
-        step[name] = planned_train_flops(params, name, vocab) / params.pretrain_of(name).max_steps
+        step[name] = budget(params, name, vocab).step_flops
     for objective in ("denoise", "lm"):
         p, m = size[f"decoder_{objective}"], step[f"encdec_{objective}"]
         assert size[f"prefix_lm_{objective}"] == p
@@ -262,8 +262,8 @@ def test_t5_table_rows_have_the_tables_parameters_and_costs() -> None:
         assert 0.45 * m < step[f"encdec_half_{objective}"] < 0.6 * m  # the LM head is not halved
         for decoder in ("decoder", "prefix_lm"):  # inputs and targets through one stack: about M
             assert 0.85 * m < step[f"{decoder}_{objective}"] <= m, decoder
-    budget, _ = equal_flops_budget(validated, 0)
-    assert budget == planned_train_flops(validated[0], "encdec_denoise", vocab)
+    flops, _ = equal_flops_budget(validated, 0)
+    assert flops == budget(validated[0], "encdec_denoise", vocab).train_flops
     assert [row.cost for row in plan.rows] == [1, 1, 0.5, 1, 1] * 2
 
 

@@ -549,7 +549,9 @@ def test_flops_budget_sets_the_steps_and_every_run_records_its_flops(decoder_onl
     assert summary["flops_per_step"] == step and summary["train_flops"] == 7 * step
     assert summary["train_flops_estimate"] == summary["train_flops"]  # 6·N·D + attention, to the FLOP
     run_id = find_run(DEFAULT_PARAMS["tracking"]["experiment"], PRETRAIN_RUN)
-    assert MlflowClient().get_run(run_id).data.metrics["final/train_flops"] == 7 * step
+    logged = MlflowClient().get_run(run_id).data
+    assert logged.metrics["final/train_flops"] == 7 * step
+    assert logged.params["pretrain.max_steps"] == "7"  # the steps it trains, not the max_steps it ignores
 
     with decoder_only.changed(budget | {"pretrain.max_flops": 1.5 * step}):
         result = decoder_only.run("pretrain", "decoder_clm")

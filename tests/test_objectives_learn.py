@@ -1,11 +1,11 @@
 """Every registered objective learns: 300 steps of a tiny model on the sample corpus's packed text, on
 the architecture its paper used (600 for the masked LMs, which score 15 % of the tokens: at 300 their
-loss is still within 0.02 nats of the unigram entropy). Its validation loss falls below a stated
-share of its first value (the shares measured on a 2-core AMD EPYC, with a margin), and below the
-entropy of its targets' unigram distribution: states that had collapsed to one vector could predict
-no better than that. For ELECTRA this is its generator's loss; at this test's lr (1e-3) its
-discriminator collapses (its ROC AUC back to about 0.55 by step 200); under ELECTRA's own lr it keeps
-detecting (tests/test_electra.py)."""
+loss is still within 0.02 nats of the unigram entropy). Its validation loss falls below a stated share
+of its first value (measured on a 2-core AMD EPYC, the masked LMs' at 600 steps on a 2-core Intel Xeon,
+with a margin), and below the entropy of its targets' unigram distribution: states that had collapsed to
+one vector could predict no better than that. For ELECTRA this is its generator's loss; at this test's
+lr (1e-3) its discriminator collapses (its ROC AUC back to about 0.55 by step 200); under ELECTRA's own
+lr it keeps detecting (tests/test_electra.py)."""
 
 from __future__ import annotations
 

@@ -30,15 +30,20 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
 import yaml
 
+from lmpipe.layout import CODE_DIGESTS
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("stages", "models", "lmpipe")
 OUTPUT_NEUTRAL = ("lmpipe.tracking", "lmpipe.codedeps", "lmpipe.params.project")  # see the module's docstring
 LOADERS = ("models.implementations", "models.architectures.base")  # see the module's docstring
+CODE_STAGE = "stages.code"  # writes each model's own code (`digests`) to layout.CODE_DIGESTS
+REGISTRIES = ("models.specs.objectives", "models.specs.architectures")  # the declarations' imports
 _COMMAND = re.compile(r"\bpython -m ([\w.]+)")
 
 
@@ -89,26 +94,58 @@ def imports(path: Path, source: str) -> set[str]:
     return found
 
 
+def neutral_to(module: str) -> tuple[str, ...]:
+    """OUTPUT_NEUTRAL, but for the stage that writes the code digests with this module's functions."""
+    return tuple(name for name in OUTPUT_NEUTRAL if module != CODE_STAGE or name != "lmpipe.codedeps")
+
+
+def _source_reads(source: str) -> set[str]:
+    """The modules a file names in `READS_SOURCE_OF`: it reads them whole, every registered unit included."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "READS_SOURCE_OF" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
 @cache
-def code_files(module: str) -> tuple[str, ...]:
-    """The project files `python -m module` executes, sorted, as paths relative to the root."""
+def _closure(module: str, split: bool) -> tuple[str, ...]:
+    """The project files `python -m module` executes, sorted, relative to the root. `split`: without the
+    units (`units()`) the module reaches only through a registry or a loader, the code each model of a
+    stage over `models` runs for its own objective and architecture; a unit's module reached another
+    way (imported directly, read as source) counts as the module's own."""
     if module_path(module) is None:
         raise ValueError(f"{module}: not a module of the project's packages ({', '.join(PACKAGES)})")
+    unit_modules = {name for modules in units().values() for name in modules} if split else set()
     sources: dict[Path, str] = {}
-    todo = [module]
+    whole_read: set[Path] = set()
+    todo = [(module, False)]  # (module, reached through a READS_SOURCE_OF: its units all count)
     while todo:
-        name = todo.pop()
+        name, whole = todo.pop()
         parts = name.split(".")
-        if any(name == neutral or name.startswith(f"{neutral}.") for neutral in OUTPUT_NEUTRAL):
+        if any(name == neutral or name.startswith(f"{neutral}.") for neutral in neutral_to(module)):
             continue
         for depth in range(1, len(parts) + 1):  # a module's packages run first
-            path = module_path(".".join(parts[:depth]))
-            if path is not None and path not in sources:
-                sources[path] = (ROOT / path).read_text(encoding="utf-8")
-                todo.extend(imports(path, sources[path]))
-                todo.extend(implementations(".".join(parts[:depth])))
+            package = ".".join(parts[:depth])
+            path = module_path(package)
+            if path is None or (path in sources and (path in whole_read or not whole)):
+                continue
+            sources[path] = (ROOT / path).read_text(encoding="utf-8")
+            if whole:
+                whole_read.add(path)
+            reached = imports(path, sources[path]) | set(implementations(package))
+            if not whole and package in REGISTRIES + LOADERS:
+                reached -= unit_modules
+            reads = _source_reads(sources[path])
+            todo.extend((target, whole or target in reads) for target in reached)
     # an empty __init__.py runs nothing: it joins the closure once it has content
     return tuple(sorted(path.as_posix() for path, source in sources.items() if source.strip()))
+
+
+def code_files(module: str) -> tuple[str, ...]:
+    """The project files `python -m module` executes, sorted, as paths relative to the root."""
+    return _closure(module, split=False)
 
 
 def implementations(loader: str) -> list[str]:
@@ -123,14 +160,50 @@ def implementations(loader: str) -> list[str]:
 
 
 @cache
-def code_digest(module: str) -> str:
-    """sha256 of the names and bytes of the files `python -m module` executes: a resumed run's
-    results must come from the same code (a fixed bug must not be resumed around). Once per process,
-    as `code_files`: the code a process runs does not change under it."""
+def units() -> dict[tuple[str, str], tuple[str, ...]]:
+    """(`objectives` | `architectures`, name) -> the modules of that registered unit: its declaration's
+    and its implementation's. A mixture (no implementation of its own) runs the objectives its params
+    name, any registered one: all of them count."""
+    from models.specs.architectures import ARCHITECTURES
+    from models.specs.objectives import OBJECTIVES
+
+    every_objective = [type(spec).__module__ for spec in OBJECTIVES.values()] + implementations(LOADERS[0])
+    found = {}
+    for kind, registry in (("objectives", OBJECTIVES), ("architectures", ARCHITECTURES)):
+        for name, spec in registry.items():
+            own = [type(spec).__module__, spec.implementation] if spec.implementation else every_objective
+            found[(kind, name)] = tuple(dict.fromkeys(own))
+    return found
+
+
+def unit_files(module: str, unit: tuple[str, str]) -> tuple[str, ...]:
+    """The files `python -m module` executes for a model of that unit beyond its own split closure."""
+    everything, shared = set(_closure(module, split=False)), set(_closure(module, split=True))
+    reached = [
+        name for name in units()[unit] if (path := module_path(name)) and path.as_posix() in everything
+    ]
+    own = {path for name in reached for path in _closure(name, split=True)}
+    return tuple(sorted(own - shared))
+
+
+def _digest(files: Iterable[str]) -> str:
     digest = hashlib.sha256()
-    for source in code_files(module):
+    for source in files:
         digest.update(source.encode() + b"\0" + (ROOT / source).read_bytes())
     return digest.hexdigest()
+
+
+@cache
+def code_digest(module: str, objective: str | None = None, arch: str | None = None) -> str:
+    """sha256 of the names and bytes of the files `python -m module` executes (for one model, with
+    `objective` and `arch`: its stage's own files and its units'): a resumed run's results must come
+    from the same code (a fixed bug must not be resumed around). Once per process, as the closures: the
+    code a process runs does not change under it."""
+    if objective is None:
+        return _digest(code_files(module))
+    files = {*_closure(module, split=True)}
+    files |= {*unit_files(module, ("objectives", objective)), *unit_files(module, ("architectures", arch))}
+    return _digest(sorted(files))
 
 
 def stage_modules(dvc: dict) -> dict[str, str]:
@@ -144,6 +217,44 @@ def stage_modules(dvc: dict) -> dict[str, str]:
     return modules
 
 
+def model_stages(dvc: dict) -> dict[str, str]:
+    """The stages over `models` (`foreach: ${models}`) -> their modules: each model's own code is read
+    from its units' digests (`digests`), the rest from the stage's split closure."""
+    return {
+        stage: module
+        for stage, module in stage_modules(dvc).items()
+        if dvc["stages"][stage].get("foreach") == "${models}"
+    }
+
+
+def unit_params(stage: str) -> dict[str, list[str]]:
+    """What a stage over `models` lists under `params:` to depend on its model's own code."""
+    return {
+        str(CODE_DIGESTS): [
+            f"{stage}.objectives.${{item.objective}}",
+            f"{stage}.architectures.${{item.arch}}",
+        ]
+    }
+
+
+def digests(stages: Iterable[str]) -> dict[str, dict[str, dict[str, str]]]:
+    """Stage over `models` (its module `stages.<stage>`) -> `objectives` | `architectures` -> name ->
+    the sha256 of the files that unit adds to the stage's own code (what `python -m stages.code`
+    writes to code.yaml)."""
+    found: dict[str, dict[str, dict[str, str]]] = {}
+    for stage in stages:
+        for kind, name in units():
+            files = unit_files(f"stages.{stage}", (kind, name))
+            found.setdefault(stage, {}).setdefault(kind, {})[name] = _digest(files)
+    return found
+
+
+def code_command(dvc: dict) -> str:
+    """The `code` stage's command: the stages over `models` it writes digests for (as arguments, so
+    that DVC re-runs it when they change: dvc.yaml cannot be a dependency)."""
+    return " ".join(["python -m", CODE_STAGE, *model_stages(dvc)])
+
+
 def disagreements(dvc_file: Path = ROOT / "dvc.yaml") -> list[str]:
     """One line per code dep that dvc.yaml lacks or lists wrongly; empty when they agree."""
     dvc = yaml.safe_load(dvc_file.read_text(encoding="utf-8"))
@@ -151,17 +262,29 @@ def disagreements(dvc_file: Path = ROOT / "dvc.yaml") -> list[str]:
     for stage, module in stage_modules(dvc).items():
         body = dvc["stages"][stage]
         declared = {d for d in (body.get("do") or body).get("deps", []) if d.split("/")[0] in PACKAGES}
-        expected = set(code_files(module))
+        expected = set(_closure(module, split=stage in model_stages(dvc)))
         for path in sorted(expected - declared):
             problems.append(f"{dvc_file.name}: stages.{stage}.deps: missing {path} ({module} imports it)")
         for path in sorted(declared - expected):
             problems.append(f"{dvc_file.name}: stages.{stage}.deps: {path} is not imported by {module}")
+    for stage, module in model_stages(dvc).items():
+        if module != f"stages.{stage}":
+            problems.append(f"{dvc_file.name}: stages.{stage}.cmd: a stage over models runs stages.{stage}")
+        wanted = unit_params(stage)
+        if wanted not in dvc["stages"][stage]["do"].get("params", []):
+            problems.append(
+                f"{dvc_file.name}: stages.{stage}.params: missing {wanted} (its model's own code)"
+            )
+    code = next((body["cmd"] for body in dvc["stages"].values() if CODE_STAGE in str(body.get("cmd"))), None)
+    if code is not None and code != code_command(dvc):
+        problems.append(f"{dvc_file.name}: the code stage's cmd is not `{code_command(dvc)}`")
     return problems
 
 
 def write(dvc_file: Path = ROOT / "dvc.yaml") -> None:
     """Replace each stage's code deps in dvc.yaml by its closure, first in the list, the rest untouched."""
-    modules = stage_modules(yaml.safe_load(dvc_file.read_text(encoding="utf-8")))
+    dvc = yaml.safe_load(dvc_file.read_text(encoding="utf-8"))
+    modules, split = stage_modules(dvc), model_stages(dvc)
     out: list[str] = []
     stage, in_deps = None, False
     for line in dvc_file.read_text(encoding="utf-8").splitlines(keepends=True):
@@ -174,6 +297,6 @@ def write(dvc_file: Path = ROOT / "dvc.yaml") -> None:
         in_deps = in_deps and stripped.startswith("- ")
         out.append(line)
         if stripped == "deps:" and stage in modules:
-            out.extend(f"{indent}  - {path}\n" for path in code_files(modules[stage]))
+            out.extend(f"{indent}  - {path}\n" for path in _closure(modules[stage], split=stage in split))
             in_deps = True
     dvc_file.write_text("".join(out), encoding="utf-8")

@@ -177,6 +177,7 @@ class FinetuneJob:
     recipe: FinetuneTaskParams
     common: FinetuneCommonParams  # its precision resolved, its threads those the job computes with
     config: Any  # the model's ModelConfig
+    objective: str  # its pretraining's: the declaration's code is the fine-tune's too
     pooling: str
     num_labels: int
     lr_key: str  # the dotted key of the lr, for the advice when the loss diverges
@@ -193,7 +194,7 @@ class FinetuneJob:
             "common": self.common.model_dump(exclude={"pooling"}),  # its own pooling is the job's
             "pooling": self.pooling,
             "files": depends_on,
-            "code": code_digest("lmpipe.finetuning"),
+            "code": code_digest("lmpipe.finetuning", self.objective, self.config.arch),
         }
         return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
 
@@ -327,6 +328,7 @@ def planned_jobs(
                     recipe=recipe,
                     common=common,
                     config=config,
+                    objective=variant.objective,
                     pooling=common.pooling_of(variant.arch),
                     num_labels=1 if task.is_regression else len(task.labels or ()),
                     lr_key=params.recipe_key(name, task_name, "lr"),

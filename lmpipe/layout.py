@@ -19,6 +19,7 @@ WEIGHTS = "model.safetensors"  # a model folder's weights (checkpoints/<model>/f
 TOKENS = Path("data/tokens")
 PACK_WORK = Path("data/.pack-work")  # the shards an interrupted pack finished; not a DVC output
 GLUE = Path("data/glue")
+CODE_DIGESTS = Path("code.yaml")  # each model's own code by stage (stages/code.py); a params file
 FINETUNE = Path("data/finetune")
 FINETUNE_CACHE = Path("data/.finetune-cache")  # finished fine-tunes by digest; not a DVC output
 PREDICTIONS = Path("data/evaluate/predictions.parquet")

@@ -59,11 +59,12 @@ def train_config(arch: str, objective: str, pretrain: PretrainParams, objectives
     )
 
 
-def fingerprint(*parts: Any) -> str:
+def fingerprint(objective: str, arch: str, *parts: Any) -> str:
     """What a checkpoint must match to be resumed: everything that shapes the run's trajectory, the
-    stage's code included (the files dvc.yaml declares: a fixed bug must not be resumed around)."""
+    code it runs included (the stage's and its objective's and architecture's, what dvc.yaml and
+    code.yaml declare: a fixed bug must not be resumed around)."""
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
-    digest.update(code_digest("stages.pretrain").encode())
+    digest.update(code_digest("stages.pretrain", objective, arch).encode())
     return digest.hexdigest()
 
 
@@ -348,7 +349,8 @@ def pretrain(name: str, params: PretrainSections) -> None:
     # resume: the checkpoints of an interrupted run with the same fingerprint, if one left them
     unshaping = {"max_minutes", "num_workers"}  # a wall-clock guard; which processes build the batches
     shaping = (plan.model_cfg.to_dict(), train_cfg.__dict__, run.model_dump(exclude=unshaping))
-    run_fingerprint = fingerprint(*shaping, plan.meta["tokenizer_sha256"], plan.meta["train"])
+    code = (train_cfg.objective, train_cfg.arch)
+    run_fingerprint = fingerprint(*code, *shaping, plan.meta["tokenizer_sha256"], plan.meta["train"])
     resume_dir = resume_checkpoints(name, run_fingerprint)
     with resumable(resume_dir, run_fingerprint, rank_zero_only.rank == 0) as ckpt:
         logger = _tracked(name, params, plan, resume_dir, ckpt is not None)

@@ -8,6 +8,7 @@ not need it, loading one does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,25 +64,21 @@ class HFLayout:
     why: str  # for the export's README
 
 
-def _standard(model: Transformer) -> bool:
-    """Learned positions, LayerNorm with bias, GELU, biases: what GPT-2, BERT and XLM-R XL compute."""
+def _differences(model: Transformer) -> list[str]:
+    """How the model differs from what GPT-2, BERT and XLM-R XL compute: learned positions, LayerNorm
+    with bias, GELU, biases, no segment embeddings (theirs come from token_type_ids), and none of
+    ALBERT's factorised embeddings or shared layers (its transformers class has a head ours lacks)."""
     cfg = model.cfg
-    standard = (cfg.positions, cfg.norm, cfg.mlp, cfg.bias) == ("learned", "layernorm", "gelu", True)
-    # ours come from the ids, not token_type_ids; ALBERT's transformers class has a head ours lacks
-    albert = cfg.embedding_size is not None or cfg.share_layers != "none"
-    return standard and not cfg.segment_embeddings and not albert
-
-
-def hf_layout(model: Transformer) -> HFLayout:
-    cfg = model.cfg
-    tied = cfg.lm_head == "tied"  # GPT-2 has no transform; XLM-R XL's masked LM is ours only tied
-    if _standard(model) and cfg.arch == "decoder" and cfg.norm_position == "pre" and tied:
-        return _gpt2(model)
-    if _standard(model) and cfg.arch == "encoder" and cfg.norm_position == "post":
-        return _bert(model) if tied else _bert_for_masked_lm(model)
-    if _standard(model) and cfg.arch == "encoder" and cfg.norm_position == "pre" and tied:
-        return _xlm_roberta_xl(model)
-    return _remote(model)
+    differs = {
+        "positions": cfg.positions != "learned",
+        "norm": cfg.norm != "layernorm",
+        "mlp": cfg.mlp != "gelu",
+        "bias": not cfg.bias,
+        "segment_embeddings": cfg.segment_embeddings,
+        "embedding_size": cfg.embedding_size is not None,
+        "share_layers": cfg.share_layers != "none",
+    }
+    return [f"{key}={getattr(cfg, key)}" for key, different in differs.items() if different]
 
 
 def without_lm_head(layout: HFLayout, objective: str) -> HFLayout:
@@ -275,31 +272,11 @@ def _xlm_roberta_xl(model: Transformer) -> HFLayout:
     return HFLayout("XLMRobertaXLModel", config, tensors, why)
 
 
-def _remote(model: Transformer) -> HFLayout:
-    cfg = model.cfg
-    differs = {
-        "positions": cfg.positions != "learned",
-        "norm": cfg.norm != "layernorm",
-        "mlp": cfg.mlp != "gelu",
-        "bias": not cfg.bias,
-        "norm_position": cfg.arch == "decoder" and cfg.norm_position == "post",
-        "segment_embeddings": cfg.segment_embeddings,
-        "embedding_size": cfg.embedding_size is not None,
-        "share_layers": cfg.share_layers != "none",
-    }
-    named = [f"{key}={getattr(cfg, key)}" for key, different in differs.items() if different]
-    if cfg.arch == "encoder_decoder":
-        reason = "no transformers encoder-decoder has ours (BART and mBART normalise the embeddings)"
-    elif cfg.arch == "decoder" and cfg.norm_position == "post":
-        reason = (
-            "a post-norm decoder normalising its embeddings matches no transformers class (GPT-1 does not)"
-        )
-    else:
-        reason = f"no transformers {cfg.arch} has {', '.join(named)}"
+def _remote(model: Transformer, reason: str) -> HFLayout:
     lm = model.arch.lm_auto_class
     config = _common(model) | {
         "model_type": "lmpipe",
-        "lmpipe": cfg.to_dict(),
+        "lmpipe": model.cfg.to_dict(),
         "auto_map": {
             "AutoConfig": "modeling_lmpipe.LmpipeConfig",
             "AutoModel": "modeling_lmpipe.LmpipeModel",
@@ -313,3 +290,31 @@ def _remote(model: Transformer) -> HFLayout:
     return HFLayout(
         "LmpipeForLM", config, tensors, f"{reason}: remote code (trust_remote_code=True) runs our modules"
     )
+
+
+# what each transformers class an architecture may name (`export_classes`) needs beyond the standard
+# configuration (`_differences`): a norm position and a head. GPT-2 has no transform; BERT's and
+# XLM-R XL's masked-LM heads have one, so a tied encoder's masked LM is our remote class
+NATIVE: dict[str, tuple[str, str, Callable[[Transformer], HFLayout]]] = {
+    "GPT2LMHeadModel": ("pre", "tied", _gpt2),
+    "BertModel": ("post", "tied", _bert),
+    "BertForMaskedLM": ("post", "transform", _bert_for_masked_lm),
+    "XLMRobertaXLModel": ("pre", "tied", _xlm_roberta_xl),
+}
+
+
+def hf_layout(model: Transformer) -> HFLayout:
+    cfg, spec = model.cfg, model.arch
+    differences = _differences(model)
+    for name in spec.export_classes:
+        norm_position, lm_head, layout = NATIVE[name]
+        if not differences and (cfg.norm_position, cfg.lm_head) == (norm_position, lm_head):
+            return layout(model)
+    if not spec.export_classes:
+        reason = spec.remote_because
+    elif differences:
+        reason = f"no transformers {cfg.arch} has {', '.join(differences)}"
+    else:
+        combination = f"norm_position={cfg.norm_position} with lm_head={cfg.lm_head}"
+        reason = f"no transformers {cfg.arch} has {combination}"
+    return _remote(model, reason)

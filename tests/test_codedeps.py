@@ -5,13 +5,24 @@ the ones lmpipe.layout names."""
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
 from lmpipe import layout
-from lmpipe.codedeps import PACKAGES, ROOT, code_files, disagreements, imports, write
+from lmpipe.codedeps import (
+    PACKAGES,
+    ROOT,
+    code_files,
+    disagreements,
+    imports,
+    model_stages,
+    unit_files,
+    units,
+    write,
+)
 from tests.project import changed_deps, copy_project, dvc_stages
 
 DVC_YAML = yaml.safe_load((ROOT / "dvc.yaml").read_text())
@@ -137,7 +148,7 @@ SHAPE = {
     "lmpipe/glue/metrics.py": {"evaluate"},
     "lmpipe/report/significance.py": {"evaluate"},
     "lmpipe/tracking.py": set(),  # output-neutral (lmpipe/codedeps.py says why)
-    "lmpipe/codedeps.py": set(),
+    "lmpipe/codedeps.py": {"code"},  # output-neutral to all but the stage that writes code.yaml with it
     "lmpipe/params/sample.py": {"sample"},
     "lmpipe/params/ingest.py": {"ingest", "clean"},  # clean reads the sources' folders
     "lmpipe/params/clean.py": {"clean"},
@@ -147,42 +158,62 @@ SHAPE = {
     "lmpipe/params/glue.py": {"glue_prepare", "finetune", "evaluate"},
     "lmpipe/params/finetune.py": {"finetune", "evaluate"},
     "lmpipe/params/pretrain.py": {"pretrain"},
-    # the declarations and what they import: every stage that validates `models` asks them which
-    # architectures and objectives there are, and which pairs fit
+    "lmpipe/params/schema.py": {
+        "sample",
+        "ingest",
+        "clean",
+        "tokenizer",
+        "pack",
+        "glue_prepare",
+        "pretrain",
+        "export",
+        "finetune",
+        "evaluate",
+    },  # all but code, which reads no params
+    # the declarations' registries and bases: every stage that validates `models` asks them which
+    # architectures and objectives there are and which pairs fit; the code stage hashes every unit
     **{
-        f"models/{module}.py": {"pretrain", "export", "finetune", "evaluate"}
+        f"models/{module}.py": {"pretrain", "export", "finetune", "evaluate", "code"}
         for module in (
             "specs/__init__",
             "specs/objectives/__init__",
             "specs/objectives/base",
-            "specs/objectives/mlm",
-            "specs/objectives/clm",
-            "specs/objectives/lm",
-            "specs/objectives/span",
             "specs/architectures/__init__",
             "specs/architectures/base",
-            "specs/architectures/encoder",
-            "specs/architectures/decoder",
-            "specs/architectures/prefix_lm",
-            "specs/architectures/encoder_decoder",
             "pair",
         )
     },
-    # the implementations: an objective's is the pretraining's alone; an architecture's builds every
-    # model, so what trains, fine-tunes and exports one
+    # one objective's or architecture's declaration: evaluate (it validates every model) and the code
+    # stage, whose code.yaml then re-runs that unit's models only (MODELS_ONLY); every export writes
+    # all the architectures as remote code
     **{
-        f"models/objectives/{module}.py": {"pretrain"}
-        for module in ("__init__", "base", "mlm", "clm", "lm", "span", "electra", "noise")
+        f"models/specs/objectives/{module}.py": {"evaluate", "code"}
+        for module in ("mlm", "clm", "lm", "span", "mixture")
     },
     **{
-        f"models/architectures/{module}.py": {"pretrain", "export", "finetune"}
-        for module in ("__init__", "base", "encoder", "decoder", "prefix_lm", "encoder_decoder")
+        f"models/specs/architectures/{module}.py": {"evaluate", "code", "export"}
+        for module in ("encoder", "decoder", "prefix_lm", "encoder_decoder")
+    },
+    # the implementations: an objective's is its models' pretraining alone; an architecture's builds
+    # its models (what trains and fine-tunes them), and every export writes all of them as remote code
+    **{f"models/objectives/{module}.py": {"code", "pretrain"} for module in ("__init__", "base")},
+    **{
+        f"models/objectives/{module}.py": {"code"}
+        for module in ("mlm", "clm", "lm", "span", "electra", "noise")
+    },
+    **{
+        f"models/architectures/{module}.py": {"code", "pretrain", "export", "finetune"}
+        for module in ("__init__", "base")
+    },
+    **{
+        f"models/architectures/{module}.py": {"code", "export"}
+        for module in ("encoder", "decoder", "prefix_lm", "encoder_decoder")
     },
     "models/lightning.py": {"pretrain"},
     "models/flops.py": {"pretrain"},
-    "models/implementations.py": {"pretrain"},  # the objectives' loader
+    "models/implementations.py": {"pretrain", "code"},  # the objectives' loader
     "models/pieces.py": {"pretrain"},  # the piece tables the objectives read
-    "models/training.py": {"pretrain", "finetune"},  # the seeds of batches and fine-tunes
+    "models/training.py": {"pretrain", "finetune", "code"},  # the seeds of batches and fine-tunes
     "models/finetune.py": {"finetune"},
     "models/finetune_data.py": {"finetune"},
     "models/heads.py": {"finetune"},
@@ -191,8 +222,31 @@ SHAPE = {
     "README.md": set(),
     "tests/test_codedeps.py": set(),
 }
+# what an edit to a unit's own file re-runs through code.yaml, for that unit's models only
+MODELS_ONLY = {
+    **{
+        path: {"pretrain", "export", "finetune"}
+        for path, stages in SHAPE.items()
+        if path.startswith("models/specs/objectives/") and stages == {"evaluate", "code"}
+    },
+    **{
+        path: {"pretrain", "finetune"}
+        for path, stages in SHAPE.items()
+        if path.startswith("models/specs/architectures/") and stages == {"evaluate", "code", "export"}
+    },
+    **{
+        path: {"pretrain"}
+        for path, stages in SHAPE.items()
+        if path.startswith("models/objectives/") and stages == {"code"}
+    },
+    **{
+        path: {"pretrain", "finetune"}
+        for path, stages in SHAPE.items()
+        if path.startswith("models/architectures/") and stages == {"code", "export"}
+    },
+}
 STAGE_OF_MODULE = "stages/"  # a stage's own module makes only that stage stale
-INFRASTRUCTURE = ("lmpipe/runtime.py", "lmpipe/layout.py", "lmpipe/params/schema.py")  # every stage
+INFRASTRUCTURE = ("lmpipe/runtime.py", "lmpipe/layout.py")  # every stage
 
 
 def edit_table(project: Path) -> dict[str, set[str]]:
@@ -216,21 +270,33 @@ def edit_table(project: Path) -> dict[str, set[str]]:
     return table
 
 
+def through_code(path: str) -> set[str]:
+    """The stages over `models` whose code.yaml keys an edit to `path` changes: re-run for the models of
+    the objectives and architectures it is the code of (tests/test_new_model_code.py runs it)."""
+    stages = model_stages(DVC_YAML)
+    return {stage for stage in stages for unit in units() if path in unit_files(stages[stage], unit)}
+
+
 def markdown(table: dict[str, set[str]]) -> str:
-    """The table by folder where all of a folder's modules make the same stages stale
-    (`models/objectives/*.py`: a new objective's module adds no row), else by file."""
-    folders: dict[Path, dict[str, set[str]]] = {}
+    """The table by file, a folder's row (`models/objectives/*.py`) standing for more than half of its
+    modules (a new objective's adds no row) and the others' own rows listed beside it."""
+    folders: dict[Path, dict[str, tuple[frozenset[str], frozenset[str]]]] = {}
     for path, stages in table.items():
-        folders.setdefault(Path(path).parent, {})[path] = stages
+        row = (frozenset(stages), frozenset(through_code(path)))
+        folders.setdefault(Path(path).parent, {})[path] = row
     rows = {}
     for folder, files in folders.items():
-        kinds = {frozenset(stages) for stages in files.values()}
-        alike = len(files) > 1 and len(kinds) == 1 and all(path.endswith(".py") for path in files)
-        rows |= {f"{folder}/*.py": set(next(iter(kinds)))} if alike else files
+        common, count = Counter(files.values()).most_common(1)[0]
+        if count * 2 > len(files) and count > 1 and all(path.endswith(".py") for path in files):
+            rows[f"{folder}/*.py"] = common  # a new module of the folder has this row
+            files = {path: row for path, row in files.items() if row != common}
+        rows |= files
     lines = [
-        f"| `{path}` | {', '.join(sorted(stages)) or '(none)'} |" for path, stages in sorted(rows.items())
+        f"| `{path}` | {', '.join(sorted(stages)) or '(none)'} | {', '.join(sorted(models)) or ' '} |"
+        for path, (stages, models) in sorted(rows.items())
     ]
-    return "\n".join(["| edited file | stages `dvc status` reports stale |", "|---|---|", *lines]) + "\n"
+    header = "| edited file | stages `dvc status` reports stale | then, for its models only (code.yaml) |"
+    return "\n".join([header, "|---|---|---|", *lines]) + "\n"
 
 
 def test_an_edit_makes_stale_only_the_stages_of_its_concern(reproduced: Path) -> None:
@@ -242,6 +308,7 @@ def test_an_edit_makes_stale_only_the_stages_of_its_concern(reproduced: Path) ->
     for path, stages in table.items():
         if path in SHAPE:
             assert stages == SHAPE[path] & graph, path
+            assert through_code(path) == MODELS_ONLY.get(path, set()), path
         elif path.startswith(STAGE_OF_MODULE) and path != "stages/__init__.py":
             own = Path(path).stem
             assert stages == {own} & graph, path

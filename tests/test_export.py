@@ -52,6 +52,18 @@ VARIANTS = [
 ]
 
 
+def test_the_declarations_name_the_native_classes_and_the_variants_reach_each() -> None:
+    """models/hf.py maps exactly the classes the declarations name (`export_classes`), and the
+    variants above export through every one of them."""
+    from models.hf import NATIVE
+    from models.specs.architectures import ARCHITECTURES
+
+    named = [name for spec in ARCHITECTURES.values() for name in spec.export_classes]
+    assert sorted(named) == sorted(NATIVE)
+    assert set(NATIVE) <= {hf_class for _, _, hf_class in VARIANTS}
+    assert all(spec.export_classes or spec.remote_because for spec in ARCHITECTURES.values())
+
+
 @pytest.fixture(scope="module")
 def real_text(real_build: Path) -> tuple[Path, list[str]]:
     """The tokenizer trained on the real corpus and lines of that corpus (sentences of every length)."""

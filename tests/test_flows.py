@@ -389,7 +389,7 @@ def test_failing_stage_stops_its_downstream_only(harness: None, project: Path) -
         "finetune@encoder_mlm",
         "evaluate",
     }
-    assert set(summary.skipped) == {"sample", "ingest@sample", "clean", "glue_prepare"}
+    assert set(summary.skipped) == {"sample", "ingest@sample", "clean", "glue_prepare", "code"}
 
 
 def test_bad_flow_input_is_one_line(project: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.project import ROOT, copy_project, dvc, sh, stages_ran
+from tests.project import ROOT, changed_deps, copy_project, dvc, sh, stages_ran
 
 FILES = {
     "models/specs/objectives/reverse.py": '''
@@ -134,14 +134,22 @@ def test_a_new_objective_and_architecture_are_their_modules_and_a_line_each(
     )
     params = yaml.safe_load((project / "params.yaml").read_text())
     assert params["objectives"]["reverse"] == {"keep": 4}
-    assert "models/objectives/reverse.py" in (project / "dvc.yaml").read_text()
-
+    code_stage = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]["code"]
+    assert "models/objectives/reverse.py" in code_stage["deps"]  # the toy model's own code
     # a decoder reads the row and the reversed tokens: 4 more than the row
-    toy = {"arch": "mean_decoder", "objective": "reverse", "preset": "tiny", "max_len": 160}
-    params["models"] = {"toy": toy}
+    # rotary positions: no transformers class has them, so the export is remote code, the toy's in it
+    toy = {
+        "arch": "mean_decoder",
+        "objective": "reverse",
+        "preset": "tiny",
+        "max_len": 160,
+        "positions": "rope",
+    }
+    (encoder,) = params["models"]
+    params["models"]["toy"] = toy
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     ran = stages_ran(dvc(project, "repro", "export@toy", "finetune@toy"))
-    assert sorted(ran) == ["export@toy", "finetune@toy", "pretrain@toy"], ran
+    assert sorted(ran) == ["code", "export@toy", "finetune@toy", "pretrain@toy"], ran
     config = json.loads((project / "checkpoints/toy/hf/config.json").read_text())
     assert config["lmpipe"]["arch"] == "mean_decoder"
     assert (
@@ -150,3 +158,16 @@ def test_a_new_objective_and_architecture_are_their_modules_and_a_line_each(
     )
     summary = json.loads((project / "data/finetune/toy/pretrained/stsb/summary.json").read_text())
     assert (summary["arch"], summary["objective"]) == ("mean_decoder", "reverse")
+
+    # each model's own code: an edit to one objective or architecture re-runs only its models
+    stale: set[str] = set()
+    for edited, models_of_it in (
+        ("models/objectives/reverse.py", {"pretrain@toy"}),
+        ("models/objectives/mlm.py", {f"pretrain@{encoder}"}),
+        ("models/architectures/mean_decoder.py", {"pretrain@toy", "finetune@toy"}),
+    ):
+        with (project / edited).open("a") as source:
+            source.write("# edited\n")
+        assert stages_ran(dvc(project, "repro", "--single-item", "code")) == ["code"]
+        stale |= models_of_it
+        assert {stage for stage, deps in changed_deps(project).items() if "code.yaml" in deps} == stale

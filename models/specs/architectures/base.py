@@ -1,5 +1,5 @@
 """What an architecture declares: the stacks it builds, the pairs its converter takes, its poolings for
-fine-tuning, its tokens per row for the FLOPs count and its transformers Auto class; and where its
+fine-tuning, its tokens per row for the FLOPs count and its transformers classes; and where its
 implementation is (models/architectures). No torch: every stage imports the declarations."""
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ class ArchitectureSpec(ABC):
     finetune_lm_loss: ClassVar[bool] = False
     paper_objective: ClassVar[str]  # the objective the paper that made it trained it with
     lm_auto_class: ClassVar[str]  # the transformers Auto class of its LM head (a remote-code export)
+    # the transformers classes that compute what it does in some configuration, tried in this order
+    # (models/hf.py: NATIVE says which configuration each needs); else the export is remote code, and
+    # `remote_because` says why no class has it
+    export_classes: ClassVar[tuple[str, ...]] = ()
+    remote_because: ClassVar[str] = ""
     implementation: ClassVar[str]  # the module of its implementation, a subclass of this declaration
 
     @abstractmethod

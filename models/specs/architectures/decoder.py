@@ -13,6 +13,7 @@ class DecoderSpec(ArchitectureSpec):
     poolings = ("last",)  # the last real token: the only one that has seen the whole input
     finetune_lm_loss = True
     paper_objective, lm_auto_class = "clm", "AutoModelForCausalLM"
+    export_classes = ("GPT2LMHeadModel",)
     implementation = "models.architectures.decoder"
 
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:

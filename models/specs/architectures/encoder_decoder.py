@@ -14,6 +14,7 @@ class EncoderDecoderSpec(ArchitectureSpec):
     # one start token, attending to the whole encoder)
     poolings = ("mean_encoder", "first_decoder", "max_encoder")
     paper_objective, lm_auto_class = "span", "AutoModelForSeq2SeqLM"
+    remote_because = "no transformers encoder-decoder has ours (BART and mBART normalise the embeddings)"
     implementation = "models.architectures.encoder_decoder"
 
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:

@@ -16,6 +16,7 @@ class PrefixLMSpec(ArchitectureSpec):
     # max of the states: with the input as the prefix, every position has seen all of it
     poolings = ("last", "mean", "max")
     paper_objective, lm_auto_class = "lm", "AutoModelForCausalLM"
+    remote_because = "no transformers decoder attends fully within a prefix"
     implementation = "models.architectures.prefix_lm"
 
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:

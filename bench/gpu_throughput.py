@@ -26,7 +26,6 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -58,7 +57,7 @@ def configs(arch: str, preset: str, seq_len: int, batch_size: int) -> tuple[Mode
         arch=arch,
         objective=objective,
         # the recipe's settings (BERT's 15 % with 80/10/10, T5's 15 % in spans of 3), as params.yaml
-        objective_args=asdict(OBJECTIVES[objective].Params()),
+        objective_params=OBJECTIVES[objective].Params(),
         seed=0,
         seq_len=seq_len,
         batch_size=batch_size,
@@ -107,7 +106,7 @@ def autocast(device: torch.device, precision: str):
 def ours(
     model: ModelConfig, train: TrainConfig, batch: dict, device: torch.device, precision: str, compiled: bool
 ) -> Step:
-    module = PretrainModule(model.to_dict(), train.__dict__, compile=compiled).to(device)
+    module = PretrainModule(model, train, compile=compiled).to(device)
     module.configure_model()  # as the Trainer does: compiles the model and the loss when asked
     return training_step(lambda: module.training_loss(batch)[0], module.parameters(), device, precision)
 

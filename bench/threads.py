@@ -36,7 +36,7 @@ from models.objectives.base import batch_generator
 torch.manual_seed(0)
 model = ModelConfig(arch="decoder", vocab_size=4000, **PRESETS["tiny"])
 train = train_config("decoder", "clm", PretrainParams(seq_len=128, batch_size=16), objectives_params(), 0)
-module = PretrainModule(model.to_dict(), train.__dict__)
+module = PretrainModule(model, train)
 optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
 generator = batch_generator(0, 0)
 rows = torch.randint(107, 4000, (16, train.row_length()), generator=generator)

@@ -60,7 +60,7 @@ def ours(objective: str, size: str):
         bias=True,
     )
     train = train_config(ARCH[objective], objective, PretrainParams(seq_len=seq), objectives_params(), 0)
-    module = PretrainModule(cfg.to_dict(), train.__dict__)
+    module = PretrainModule(cfg, train)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=True)
 
     def step(batch: dict[str, torch.Tensor]) -> float:

@@ -109,7 +109,7 @@ def training_rate(params: Params, name: str, steps: int = 4) -> float:
     config = (
         params.models[name].config(vocab).with_(arch="decoder", max_len=max(fields["max_len"], run.seq_len))
     )
-    module = PretrainModule(config.to_dict(), train.__dict__)
+    module = PretrainModule(config, train)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
     generator = batch_generator(params.seed, 0)
     rows = torch.randint(200, vocab, (run.batch_size, train.row_length()), generator=generator)

@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from lmpipe.layout import (
     resume_checkpoints,
 )
 from lmpipe.params.models import ModelParams
-from lmpipe.params.pretrain import PretrainParams, PretrainSections
+from lmpipe.params.pretrain import PretrainParams, PretrainSections, section_params
 from lmpipe.runtime import (
     StageError,
     atomic_dir,
@@ -53,7 +53,7 @@ def train_config(arch: str, objective: str, pretrain: PretrainParams, objectives
     return TrainConfig(
         arch=arch,
         objective=objective,
-        objective_args=getattr(objectives, objective).model_dump(),
+        objective_params=section_params(objectives, objective),
         seed=seed,
         **pretrain.model_dump(include=shared),
     )
@@ -348,14 +348,14 @@ def pretrain(name: str, params: PretrainSections) -> None:
     _quiet_lightning()
     # resume: the checkpoints of an interrupted run with the same fingerprint, if one left them
     unshaping = {"max_minutes", "num_workers"}  # a wall-clock guard; which processes build the batches
-    shaping = (plan.model_cfg.to_dict(), train_cfg.__dict__, run.model_dump(exclude=unshaping))
+    shaping = (plan.model_cfg.to_dict(), train_cfg.hparams(), run.model_dump(exclude=unshaping))
     code = (train_cfg.objective, train_cfg.arch)
     run_fingerprint = fingerprint(*code, *shaping, plan.meta["tokenizer_sha256"], plan.meta["train"])
     resume_dir = resume_checkpoints(name, run_fingerprint)
     with resumable(resume_dir, run_fingerprint, rank_zero_only.rank == 0) as ckpt:
         logger = _tracked(name, params, plan, resume_dir, ckpt is not None)
         torch.manual_seed(params.seed)
-        module = PretrainModule(plan.model_cfg.to_dict(), train_cfg.__dict__, compile=run.compile)
+        module = PretrainModule(plan.model_cfg, train_cfg, compile=run.compile)
         trainer = trainer_for(run, train_cfg.max_steps, resume_dir, logger)
         data = _data(name, plan, trainer, module)
         log.info(
@@ -408,7 +408,7 @@ def _tracked(name: str, params: PretrainSections, plan: Prepared, resume_dir: Pa
     logger = lightning_logger(tracking_experiment(), name, resume_dir / "mlflow_run_id", resumed, tags)
     if not resumed:
         logged = {"seed": params.seed, "model": variant.model_dump(exclude_none=True)}
-        logged |= {"objective": plan.train_cfg.objective_args, "pretrain": plan.run.model_dump()}
+        logged |= {"objective": asdict(plan.train_cfg.objective_params), "pretrain": plan.run.model_dump()}
         logger.log_hyperparams(flatten(logged))
     return logger
 
@@ -428,7 +428,7 @@ def _data(name: str, plan: Prepared, trainer: Any, module: Any) -> Any:
     if on_gpu:
         torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32
     workers = loader_workers(run.num_workers, on_gpu, trainer.num_devices)
-    parts = OBJECTIVES[train_cfg.objective].components(train_cfg.objective_args)
+    parts = OBJECTIVES[train_cfg.objective].components(train_cfg.objective_params)
     tables = [table for _, part, own in parts for table in part.piece_tables(own)]
     pieces = piece_tables(TOKENIZER / "spm.model", tables)  # whole words, spans, sentences
     data = TokenDataModule(

@@ -22,7 +22,7 @@ from models.config import ModelConfig
 from models.lightning import PretrainModule, TrainConfig
 from models.specs.architectures import ARCHITECTURES
 from models.specs.objectives import OBJECTIVES, ObjectiveSpec
-from models.specs.objectives.base import Args
+from models.specs.objectives.base import ObjectiveParams
 from models.stack_flops import lm_head_weights, stack_forward_flops
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, by a part of
@@ -46,23 +46,23 @@ def peak_flops(device_name: str) -> float | None:
     return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None
 
 
-def components(train: TrainConfig) -> list[tuple[float, ObjectiveSpec, Args]]:
-    """(share, objective, args) of what makes the batches: the objective, or a mixture's parts."""
-    return OBJECTIVES[train.objective].components(train.objective_args)
+def components(train: TrainConfig) -> list[tuple[float, ObjectiveSpec, ObjectiveParams]]:
+    """(share, objective, params) of what makes the batches: the objective, or a mixture's parts."""
+    return OBJECTIVES[train.objective].components(train.objective_params)
 
 
-def lengths(train: TrainConfig, objective: ObjectiveSpec, args: Args) -> tuple[int, int, float]:
+def lengths(train: TrainConfig, objective: ObjectiveSpec, params: ObjectiveParams) -> tuple[int, int, float]:
     """(encoder tokens, decoder tokens, predicted tokens) per row: the objective's pair widths as the
     architecture reads them."""
-    return ARCHITECTURES[train.arch].tokens(objective.kind, *objective.widths(train.seq_len, args))
+    return ARCHITECTURES[train.arch].tokens(objective.kind, *objective.widths(train.seq_len, params))
 
 
-def example_batch(train: TrainConfig, objective: ObjectiveSpec, args: Args) -> dict[str, Tensor]:
+def example_batch(train: TrainConfig, objective: ObjectiveSpec, params: ObjectiveParams) -> dict[str, Tensor]:
     """A batch of the pair's shapes as the architecture has it, on the meta device (with a pair
     format's labels, for its head)."""
-    widths = objective.widths(train.seq_len, args)
+    widths = objective.widths(train.seq_len, params)
     batch = architecture(train.arch).example_batch(train.batch_size, objective.kind, *widths)
-    batch |= implementations.objective(objective.name).example_extras(len(batch["labels"]), args)
+    batch |= implementations.objective(objective.name).example_extras(len(batch["labels"]), params)
     if train.pair_loss() != "none":
         batch["pair_labels"] = torch.zeros(train.batch_size, dtype=torch.long, device="meta")
     return batch
@@ -73,7 +73,7 @@ def count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     mixture's: each component's by its share). Shapes alone set them, so each pair is counted once
     per process: planning an equal-FLOPs sweep asks for its ★ row's at every point, and points that
     differ in their schedule alone share one count."""
-    shaping = {k: v for k, v in train.__dict__.items() if k not in SCHEDULE_FIELDS}
+    shaping = {k: v for k, v in train.hparams().items() if k not in SCHEDULE_FIELDS}
     key = (model, json.dumps(shaping, sort_keys=True, default=str))
     if key not in _COUNTED:
         _COUNTED[key] = _count_step_flops(model, train)
@@ -103,12 +103,12 @@ SCHEDULE_FIELDS = frozenset(
 
 def _count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     with torch.device("meta"):
-        module = PretrainModule(model.to_dict(), train.__dict__)
+        module = PretrainModule(model, train)
     total = 0.0
-    for share, objective, args in components(train):
+    for share, objective, params in components(train):
         counter = FlopCounterMode(display=False)
         with counter:
-            loss, _, _ = module.training_loss(example_batch(train, objective, args))
+            loss, _, _ = module.training_loss(example_batch(train, objective, params))
             loss.backward()
         total += share * counter.get_total_flops()
     return round(total)
@@ -118,12 +118,14 @@ def estimate_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     """6·N·D + attention + LM head for one micro-batch (forward 2 FLOPs a multiply-add, backward 2x):
     each stack over its own tokens, and a decoder's cross-attention to the encoder's; an objective's
     own head in place of the LM head (a mixture's: each component's by its share)."""
-    total = sum(share * _estimate(model, train, o, a) for share, o, a in components(train))
+    total = sum(share * _estimate(model, train, o, p) for share, o, p in components(train))
     return round(total)
 
 
-def _estimate(model: ModelConfig, train: TrainConfig, objective: ObjectiveSpec, args: Args) -> int:
-    b, (t, u, predicted) = train.batch_size, lengths(train, objective, args)
+def _estimate(
+    model: ModelConfig, train: TrainConfig, objective: ObjectiveSpec, params: ObjectiveParams
+) -> int:
+    b, (t, u, predicted) = train.batch_size, lengths(train, objective, params)
     d = model.d_model
     forward = 0
     if t:  # the encoder
@@ -137,7 +139,7 @@ def _estimate(model: ModelConfig, train: TrainConfig, objective: ObjectiveSpec, 
     e = model.embedding_size
     if e:  # ALBERT's projection of each embedded token to d_model, and back in the LM head
         forward += 2 * b * (t + u) * e * d
-    head = implementations.objective(objective.name).head_flops(model, b, train.seq_len, args)
+    head = implementations.objective(objective.name).head_flops(model, b, train.seq_len, params)
     if head is None:  # the tied LM head on the predicted tokens
         head = (
             2 * round(predicted * b) * lm_head_weights(d, e, model.vocab_size, model.lm_head == "transform")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,9 +24,9 @@ from models.architectures.base import architecture
 from models.config import ModelConfig
 from models.input_formats import Rows, SentenceIndex, format_rows
 from models.objectives.base import Terms, batch_generator
-from models.pair import stacked_pairs
+from models.pair import Pair, stacked_pairs
 from models.specs.input_formats import PAIR_FORMATS, InputFormat
-from models.specs.objectives import OBJECTIVES
+from models.specs.objectives import OBJECTIVES, ObjectiveParams
 from models.training import derived_seed, read_losses
 from models.transformer import Transformer, init_normal, weight_decay_groups
 
@@ -42,7 +42,7 @@ class TrainConfig:
 
     arch: str  # the model's architecture: its feature converter makes the batches
     objective: str
-    objective_args: dict[str, Any]  # params.yaml `objectives.<objective>`
+    objective_params: ObjectiveParams  # params.yaml `objectives.<objective>`, as its declaration's class
     seed: int
     seq_len: int
     batch_size: int
@@ -64,11 +64,16 @@ class TrainConfig:
         """The loss on a pair format's [CLS] (`objectives.mlm.pair_loss`), or none."""
         if self.input_format not in PAIR_FORMATS:
             return "none"
-        return self.objective_args.get("pair_loss", "none")
+        return getattr(self.objective_params, "pair_loss", "none")
 
     def row_length(self) -> int:
         """Tokens read per row: the inputs, plus the shifted target (CLM) or what span corruption removes."""
-        return OBJECTIVES[self.objective].row_length(self.seq_len, self.objective_args)
+        return OBJECTIVES[self.objective].row_length(self.seq_len, self.objective_params)
+
+    def hparams(self) -> dict[str, Any]:
+        """Its fields as plain values (the objective's params a mapping): the checkpoints' hyperparameters
+        and the resume fingerprint."""
+        return asdict(self)
 
 
 def make_batch(
@@ -85,30 +90,33 @@ def make_batch(
     and each row's (row index, epoch) in `row_epochs`, a row's noise comes from its own stream, fixed
     by the row and the copy the epoch reads (epoch mod copies), whichever batch it lands in. `pieces`
     holds the tokenizer's piece tables (models/pieces.py) that the objectives read, by name."""
-    parts = OBJECTIVES[cfg.objective].components(cfg.objective_args)
-    _, objective, args = parts[0]
+    parts = OBJECTIVES[cfg.objective].components(cfg.objective_params)
+    _, objective, params = parts[0]
     if len(parts) > 1:
         shares = torch.tensor([share for share, _, _ in parts], dtype=torch.float64)
-        _, objective, args = parts[int(torch.multinomial(shares, 1, generator=generator))]
-    tables = objective.piece_tables(args)
-    if tables:
-        missing = [name for name in tables if pieces is None or name not in pieces]
-        if missing:
-            read = ", ".join(missing)
-            raise ValueError(f"objective {objective.name} reads the tokenizer's {read}: not given")
-        args = {**args, **{name: pieces[name] for name in tables}}
-    rows = rows[:, : objective.row_length(cfg.seq_len, args)]
+        _, objective, params = parts[int(torch.multinomial(shares, 1, generator=generator))]
+    tables = objective.piece_tables(params)
+    missing = [name for name in tables if pieces is None or name not in pieces]
+    if missing:
+        read = ", ".join(missing)
+        raise ValueError(f"objective {objective.name} reads the tokenizer's {read}: not given")
+    read_pieces = {name: pieces[name] for name in tables} if pieces is not None else {}
+    rows = rows[:, : objective.row_length(cfg.seq_len, params)]
     implementation = implementations.objective(objective.name)
+
+    def pair_of(rows: Tensor, generator: torch.Generator) -> Pair:
+        return implementation.pair(rows, params, generator, vocab_size, read_pieces)
+
     if formatted is not None:  # an input format's rows: short ones padded, pairs with their labels
-        pair = implementation.pair(rows, args, generator, vocab_size)
+        pair = pair_of(rows, generator)
         pair.input_lengths = formatted.lengths  # aligned pairs: the padding is never noise (a special id)
         batch = architecture(cfg.arch).batch(pair)
         return batch if formatted.pair_labels is None else batch | {"pair_labels": formatted.pair_labels}
-    copies = objective.static_copies(args)
+    copies = objective.static_copies(params)
     if copies is None or row_epochs is None:
-        return architecture(cfg.arch).batch(implementation.pair(rows, args, generator, vocab_size))
+        return architecture(cfg.arch).batch(pair_of(rows, generator))
     pairs = [
-        implementation.pair(row[None], args, static_generator(cfg.seed, index, epoch % copies), vocab_size)
+        pair_of(row[None], static_generator(cfg.seed, index, epoch % copies))
         for row, (index, epoch) in zip(rows, row_epochs, strict=True)
     ]
     return architecture(cfg.arch).batch(stacked_pairs(pairs))
@@ -321,19 +329,19 @@ def pair_head(cfg: ModelConfig) -> torch.nn.Module:
 
 
 class PretrainModule(L.LightningModule):
-    def __init__(self, model: dict[str, Any], train: dict[str, Any], compile: bool = False) -> None:
+    def __init__(self, model: ModelConfig, train: TrainConfig, compile: bool = False) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        self.model_cfg = ModelConfig(**model)
-        self.cfg = TrainConfig(**train)
+        # plain values in the checkpoints (they load with torch's weights_only)
+        self.save_hyperparameters({"model": model.to_dict(), "train": train.hparams(), "compile": compile})
+        self.model_cfg, self.cfg = model, train
         self.model = Transformer(self.model_cfg)
         # BERT's pooler and next-sentence (or ALBERT's sentence-order) classifier on the [CLS] state, and
         # an objective's own head (ELECTRA's generator): pretraining heads, not part of the exported model
         self.pair_head = pair_head(self.model_cfg) if self.cfg.pair_loss() != "none" else None
-        objective, args = self.cfg.objective, self.cfg.objective_args
+        objective, params = self.cfg.objective, self.cfg.objective_params
         self.objective_head = (
-            implementations.objective(objective).head(self.model_cfg, args)
-            if OBJECTIVES[objective].has_head(args)
+            implementations.objective(objective).head(self.model_cfg, params)
+            if OBJECTIVES[objective].has_head(params)
             else None
         )
         self.compile = compile

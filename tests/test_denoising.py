@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmpipe.params.pretrain import PretrainParams, PretrainSections, objectives_params
+from lmpipe.params.pretrain import PretrainParams, PretrainSections, objectives_params, section_params
 from lmpipe.params.schema import parse
 from lmpipe.pretraining import train_config
 from lmpipe.runtime import StageError
@@ -18,7 +18,7 @@ from models.lightning import make_batch
 from models.objectives.base import batch_generator
 from models.objectives.noise import iid_noise_mask
 from models.special import SPECIAL
-from models.specs.objectives import OBJECTIVES
+from models.specs.objectives import OBJECTIVES, ObjectiveParams
 from models.specs.objectives.noise import noise_count
 from tests.test_pairs import assert_learns
 
@@ -30,8 +30,8 @@ def rows(n: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(SPECIAL.n_special, V, (n, length), generator=torch.Generator().manual_seed(seed))
 
 
-def args(objective: str, **values) -> dict:
-    return objectives_params({objective: values}).model_dump()[objective]
+def args(objective: str, **values) -> ObjectiveParams:
+    return section_params(objectives_params({objective: values}), objective)
 
 
 def pair(objective: str, tokens: torch.Tensor, seed: int = 0, **values):
@@ -157,8 +157,9 @@ def test_sentence_permutation_moves_whole_sentences_then_the_noise_applies() -> 
     values = {"noise": "none", "permute_sentences": 1.0}
 
     def noised(**changes):
-        given = args("bart", **(values | changes)) | {"sentence_ends": ENDS}
-        return implementations.objective("bart").pair(tokens, given, batch_generator(0, 0), V)
+        given = args("bart", **(values | changes))
+        pieces = {"sentence_ends": ENDS}
+        return implementations.objective("bart").pair(tokens, given, batch_generator(0, 0), V, pieces)
 
     shuffled = noised()
     assert torch.equal(shuffled.targets, original)
@@ -203,11 +204,13 @@ def test_deshuffling_reads_the_rows_tokens_in_another_order_and_rebuilds_the_row
     """T5's deshuffling: the inputs are the row's tokens permuted (all of them, as T5's code draws it),
     the targets the row as it was; both end in EOS."""
     objective = OBJECTIVES["deshuffle"]
-    tokens = rows(8, objective.row_length(32, {}))
+    tokens = rows(8, objective.row_length(32, args("deshuffle")))
     shuffled = pair("deshuffle", tokens)
     original = torch.cat([tokens, torch.full((8, 1), EOS)], dim=1)
     assert torch.equal(shuffled.targets, original) and shuffled.inputs.shape == original.shape
-    assert (shuffled.inputs.shape[1], shuffled.targets.shape[1]) == objective.widths(32, {})[:2]
+    assert (shuffled.inputs.shape[1], shuffled.targets.shape[1]) == objective.widths(32, args("deshuffle"))[
+        :2
+    ]
     assert torch.equal(shuffled.inputs.sort(1).values, original.sort(1).values)
     assert not torch.equal(shuffled.inputs, original)
 

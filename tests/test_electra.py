@@ -99,7 +99,7 @@ def test_validation_logs_what_the_detection_accuracy_is_read_against() -> None:
     train = electra()
     batch = make_batch(rows(), train, batch_generator(3, 0), 1000)
     torch.manual_seed(0)
-    module = PretrainModule(MODEL.to_dict(), train.__dict__)
+    module = PretrainModule(MODEL, train)
     bias = module.objective_head.detector[-1].bias
     with torch.no_grad():
         bias.fill_(-100.0)
@@ -180,7 +180,7 @@ def test_the_same_batch_and_seed_give_the_same_step() -> None:
     losses = []
     for _ in range(2):
         torch.manual_seed(0)
-        module = PretrainModule(MODEL.to_dict(), train.__dict__)
+        module = PretrainModule(MODEL, train)
         losses.append(module.training_loss(batch)[0].item())
     assert losses[0] == losses[1]
 
@@ -227,7 +227,7 @@ def test_the_default_recipe_keeps_a_tiny_discriminator_detecting_real_text(real_
     vocab_size = json.loads((path / "data/tokens/meta.json").read_text())["vocab_size"]
     torch.manual_seed(params.seed)
     model = params.models["electra"].config(vocab_size)
-    module = PretrainModule(model.to_dict(), train.__dict__)
+    module = PretrainModule(model, train)
     measured = AucAtEachValidation()
     trainer = L.Trainer(
         accelerator="cpu",

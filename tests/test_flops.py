@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -95,7 +96,7 @@ def test_meta_count_equals_a_real_steps_count(arch: str, objective: str) -> None
     model, train = configs(arch, objective, VARIANTS[0])
     generator = torch.Generator().manual_seed(0)
     rows = torch.randint(107, 1000, (train.batch_size, train.row_length()), generator=generator)
-    module = PretrainModule(model.to_dict(), train.__dict__)
+    module = PretrainModule(model, train)
     counter = FlopCounterMode(display=False)
     with counter, sdpa_kernel(SDPBackend.MATH):
         loss, _, _ = module.loss(make_batch(rows, train, generator, 1000))
@@ -132,7 +133,7 @@ def test_training_logs_flops_per_second_and_mfu_against_a_peak(tmp_path) -> None
     model, train = configs("decoder", "clm", VARIANTS[0])
     np.random.default_rng(0).integers(107, 1000, 20_000, dtype=np.uint16).tofile(tmp_path / "train.bin")
     np.random.default_rng(1).integers(107, 1000, 2_000, dtype=np.uint16).tofile(tmp_path / "val.bin")
-    module = PretrainModule(model.to_dict(), {**train.__dict__, "max_steps": 6, "warmup_steps": 1})
+    module = PretrainModule(model, replace(train, max_steps=6, warmup_steps=1))
     module.step_flops, module.peak_flops = count_step_flops(model, train), 1e12
     trainer = L.Trainer(
         max_steps=6,

@@ -150,7 +150,7 @@ def test_a_pair_format_trains_its_head_and_counts_its_flops(tmp_path: Path) -> N
     assert module.pair_head is not None and module.model.segments is not None
     assert module.terms(batch).extra["nsp"][0] < 0.69  # the pair loss below chance too
     plain = train_config("encoder", "mlm", PretrainParams(seq_len=32, batch_size=8), objectives_params(), 1)
-    assert PretrainModule(model.to_dict(), plain.__dict__).pair_head is None  # no pairs, no pair loss
+    assert PretrainModule(model, plain).pair_head is None  # no pairs, no pair loss
     head = 3 * 8 * (2 * 32 * 32 + 2 * 32 * 2)
     assert estimate_step_flops(model, train) == estimate_step_flops(model, plain) + head
 
@@ -185,11 +185,11 @@ def test_tokens_seen_leaves_out_short_rows_padding_across_a_resume(tmp_path: Pat
         trainer.fit(module, loader, ckpt_path=ckpt)
         return trainer
 
-    first = PretrainModule(model.to_dict(), train.__dict__)
+    first = PretrainModule(model, train)
     fit(first, 2, batches(0, 2)).save_checkpoint(tmp_path / "step2.ckpt")
-    resumed = PretrainModule(model.to_dict(), train.__dict__)
+    resumed = PretrainModule(model, train)
     fit(resumed, 4, batches(2, 4), tmp_path / "step2.ckpt")
-    unbroken = PretrainModule(model.to_dict(), train.__dict__)
+    unbroken = PretrainModule(model, train)
     fit(unbroken, 4, batches(0, 4))
     assert resumed.padded_positions() == unbroken.padded_positions() == padding
 

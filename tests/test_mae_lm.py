@@ -36,7 +36,7 @@ def test_the_encoder_never_sees_the_masked_tokens(positions: str) -> None:
     train = mae_lm()
     batch = batch_of(train)
     torch.manual_seed(0)
-    module = PretrainModule(MODEL.with_(positions=positions).to_dict(), train.__dict__).eval()
+    module = PretrainModule(MODEL.with_(positions=positions), train).eval()
     other = dict(batch)
     flat = batch["input_ids"].reshape(-1).clone()
     flat[batch["positions"]] = torch.randint(SPECIAL.n_special, 1000, batch["positions"].shape)

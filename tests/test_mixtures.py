@@ -56,7 +56,7 @@ def test_a_mixture_trains_and_its_flops_are_its_components_by_share(arch: str, o
     train = train_config(arch, objective, PretrainParams(seq_len=24, batch_size=4), objectives_params(), 1)
     model = ModelConfig(arch=arch, vocab_size=V, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=64)
     torch.manual_seed(0)
-    module = PretrainModule(model.to_dict(), train.__dict__)
+    module = PretrainModule(model, train)
     optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
     first = last = None
     for index in range(12):  # several components, each seen more than once
@@ -67,7 +67,7 @@ def test_a_mixture_trains_and_its_flops_are_its_components_by_share(arch: str, o
         optimizer.step()
         first, last = (loss.item() if first is None else first), loss.item()
     assert last < first
-    parts = OBJECTIVES[objective].components(train.objective_args)
+    parts = OBJECTIVES[objective].components(train.objective_params)
     assert sum(share for share, _, _ in parts) == pytest.approx(1.0)
     assert count_step_flops(model, train) == estimate_step_flops(model, train)
     one = train_config(
@@ -86,8 +86,8 @@ def test_no_component_makes_a_row_wider_than_the_max_len_it_was_checked_against(
     train = train_config(
         arch, objective, PretrainParams(seq_len=seq_len, batch_size=2), objectives_params(), 1
     )
-    widest = longest_read(arch, objective, seq_len, train.objective_args)
-    for _, component, own in OBJECTIVES[objective].components(train.objective_args):
+    widest = longest_read(arch, objective, seq_len, train.objective_params)
+    for _, component, own in OBJECTIVES[objective].components(train.objective_params):
         pair = implementations.objective(component.name).pair(
             rows(2, component.row_length(seq_len, own)), own, batch_generator(1, 0), V
         )

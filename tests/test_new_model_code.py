@@ -22,7 +22,7 @@ FILES = {
 
         from dataclasses import dataclass, field
 
-        from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+        from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec, register
 
 
         @dataclass(frozen=True)
@@ -34,8 +34,8 @@ FILES = {
             name, kind, Params = "reverse", "sequence", ReverseParams
             implementation = "models.objectives.reverse"
 
-            def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-                return seq_len, args["keep"], args["keep"]
+            def widths(self, seq_len: int, params: ReverseParams) -> tuple[int, int, float]:
+                return seq_len, params.keep, params.keep
 
 
         OBJECTIVE = register(Reverse())
@@ -48,14 +48,21 @@ FILES = {
         import torch
         from torch import Tensor
 
-        from models.objectives.base import ObjectiveImplementation
+        from models.objectives.base import NO_PIECES, ObjectiveImplementation, Pieces
         from models.pair import Pair
-        from models.specs.objectives.base import Args
+        from models.specs.objectives.reverse import ReverseParams
 
 
         class Reverse(ObjectiveImplementation):
-            def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-                return Pair(rows, rows[:, : args["keep"]].flip(1))
+            def pair(
+                self,
+                rows: Tensor,
+                params: ReverseParams,
+                generator: torch.Generator,
+                vocab_size: int,
+                pieces: Pieces = NO_PIECES,
+            ) -> Pair:
+                return Pair(rows, rows[:, : params.keep].flip(1))
 
 
         IMPLEMENTATION = Reverse()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmpipe.params.pretrain import objectives_params
+from lmpipe.params.pretrain import objectives_params, section_params
 from models import implementations
 from models.objectives.bart import poisson_span_lengths
 from models.objectives.base import batch_generator
@@ -98,7 +98,7 @@ def test_t5_span_corruption_is_its_stated_arithmetic() -> None:
     inputs and 29 targets, 21 noise tokens in 7 spans (mean length exactly 3), the spans numbered by
     sentinels from <extra_id_0> in order in both, each noise span's tokens after its sentinel."""
     objective = OBJECTIVES["span"]
-    args = objectives_params().model_dump()["span"]
+    args = section_params(objectives_params(), "span")
     raw = objective.row_length(128, args)
     assert raw == 141
     tokens = rows(10_000, raw, 1)

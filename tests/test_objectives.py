@@ -11,6 +11,7 @@ from models.objectives.mlm import mask_tokens
 from models.objectives.noise import random_spans_noise_mask
 from models.objectives.span import span_corrupt
 from models.special import SPECIAL
+from models.specs.objectives import ObjectiveParams
 from models.specs.objectives.bert_style import BertStyleParams
 from models.specs.objectives.mlm import MLMParams
 from models.specs.objectives.span import span_corruption_lengths
@@ -80,7 +81,7 @@ def test_causal_lm_targets_are_the_next_tokens() -> None:
     from models.architectures.base import architecture
 
     tokens = corpus_rows(3, 17)
-    pair = implementations.objective("clm").pair(tokens, {}, batch_generator(0, 0), V)
+    pair = implementations.objective("clm").pair(tokens, ObjectiveParams(), batch_generator(0, 0), V)
     batch = architecture("decoder").batch(pair)
     inputs, targets = batch["input_ids"], batch["labels"]
     assert inputs.shape == targets.shape == (3, 16)

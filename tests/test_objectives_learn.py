@@ -71,14 +71,14 @@ def test_each_objective_learns_the_sample_corpus(sample_pipeline: Workdir, objec
     model = ModelConfig(
         arch=arch, vocab_size=meta["vocab_size"], **(PRESETS["tiny"] | {"max_len": 2 * SEQ_LEN + 8})
     )
-    parts = OBJECTIVES[objective].components(train.objective_args)
+    parts = OBJECTIVES[objective].components(train.objective_params)
     pieces = piece_tables(
         path / "data/tokenizer/spm.model", [n for _, o, a in parts for n in o.piece_tables(a)]
     )
     held_out = packed_batches(path, "val", train, BATCH, VALIDATION, 7, pieces)
     steps = packed_batches(path, "train", train, BATCH, steps_run, 3, pieces)
     torch.manual_seed(0)
-    module = PretrainModule(model.to_dict(), train.__dict__)
+    module = PretrainModule(model, train)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, weight_decay=0.01)
 
     def validation() -> float:

@@ -26,7 +26,7 @@ from models.pair import Pair
 from models.special import SPECIAL
 from models.specs.architectures import ARCHITECTURES
 from models.specs.objectives import OBJECTIVES
-from models.specs.objectives.lm import prefix_bounds
+from models.specs.objectives.lm import LMParams, prefix_bounds
 from models.transformer import Transformer, attention_mask
 
 VOCAB = 400
@@ -47,7 +47,7 @@ def assert_learns(
     """A few steps on one batch lower its loss (with a pair head, the sum), and the FLOPs counted equal
     the estimate. Returns the trained module."""
     torch.manual_seed(0)
-    module = PretrainModule(model.to_dict(), train.__dict__)
+    module = PretrainModule(model, train)
     optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
     losses = []
     for _ in range(steps):
@@ -99,7 +99,9 @@ def test_decoder_reads_a_pair_concatenated_and_scores_its_targets_only() -> None
 
 def test_lm_objective_splits_rows_and_every_converter_restores_them() -> None:
     source = rows(64, 33)
-    pair = implementations.objective("lm").pair(source, {"noise_density": 0.5}, batch_generator(1, 0), VOCAB)
+    pair = implementations.objective("lm").pair(
+        source, LMParams(noise_density=0.5), batch_generator(1, 0), VOCAB
+    )
     fewest, most = prefix_bounds(33, 0.5)
     assert (fewest, most) == (1, 32)
     assert int(pair.input_lengths.min()) >= 1 and int(pair.input_lengths.max()) <= 32
@@ -184,13 +186,13 @@ TOY = '''
         name, kind, Params = "toy_reverse", "sequence", ReverseParams
         implementation = "toy_plugin"
 
-        def widths(self, seq_len, args):
-            return seq_len, args["keep"], args["keep"]
+        def widths(self, seq_len, params):
+            return seq_len, params.keep, params.keep
 
 
     class ReversedPairs(ObjectiveImplementation):
-        def pair(self, rows, args, generator, vocab_size):
-            return Pair(rows, rows[:, : args["keep"]].flip(1))
+        def pair(self, rows, params, generator, vocab_size, pieces):
+            return Pair(rows, rows[:, : params.keep].flip(1))
 
 
     class WideDecoderSpec(DecoderSpec):
@@ -248,7 +250,7 @@ def test_a_toy_objective_and_architecture_train_from_a_module_of_their_own(regis
     )
     variant = params.models["toy"]
     train = train_config(variant.arch, variant.objective, params.pretrain, params.objectives, 1)
-    assert train.objective_args == {"keep": 3} and objectives_params().toy_reverse.keep == 4
+    assert train.objective_params.keep == 3 and objectives_params().toy_reverse.keep == 4
     model = variant.config(VOCAB)
     batch = make_batch(rows(4, 16), train, batch_generator(1, 0), VOCAB)
     assert batch["labels"].numel() == 4 * 3

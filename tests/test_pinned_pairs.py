@@ -65,7 +65,7 @@ def trajectory(arch: str, tmp_path) -> tuple[str, list[float], float]:
     batches = [data.batch(step) for step in range(cfg.max_steps)]
     torch.manual_seed(0)
     model = ModelConfig(arch=arch, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=64)
-    module = PretrainModule(model.to_dict(), cfg.__dict__)
+    module = PretrainModule(model, cfg)
     optimizer = torch.optim.AdamW(weight_decay_groups(module.model, cfg.weight_decay), lr=cfg.lr)
     losses = []
     for batch in batches:

@@ -605,7 +605,7 @@ def test_a_training_step_never_reads_a_tensor_on_the_host(
     from tests.test_flops import VARIANTS, configs
 
     model, train = configs(arch, objective, VARIANTS[0])
-    module = PretrainModule(model.to_dict(), train.__dict__)
+    module = PretrainModule(model, train)
     monkeypatch.setattr(module, "log", lambda *args, **kwargs: None)  # no Trainer here
     generator = torch.Generator().manual_seed(0)
     rows = torch.randint(107, 1000, (train.batch_size, train.row_length()), generator=generator)

@@ -21,6 +21,7 @@ from models.lightning import PretrainModule
 from models.objectives.base import batch_generator
 from models.objectives.electra import replace_tokens
 from models.special import SPECIAL
+from models.specs.objectives import ObjectiveParams
 from models.transformer import Transformer, segment_ids
 
 transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
@@ -51,7 +52,7 @@ def pretrain_module(cfg: ModelConfig, train) -> PretrainModule:
     0.02 the attention is near uniform whatever its logits, and biases and norms start at 0 and 1,
     where a misplaced one would not show."""
     torch.manual_seed(0)
-    module = PretrainModule(cfg.to_dict(), train.__dict__).eval()
+    module = PretrainModule(cfg, train).eval()
     with torch.no_grad():
         for parameter in module.parameters():
             parameter.normal_(1.0 if parameter.ndim == 1 else 0.0, 0.2)
@@ -61,7 +62,7 @@ def pretrain_module(cfg: ModelConfig, train) -> PretrainModule:
 def masked_pairs(module: PretrainModule, train, ids: torch.Tensor, pair_labels: torch.Tensor):
     """The masked LM's batch of segment pairs with their NSP or SOP labels, and its targets in the
     reference's form: the original token where masked, -100 elsewhere."""
-    pair = implementations.objective("mlm").pair(ids, train.objective_args, batch_generator(0, 0), VOCAB)
+    pair = implementations.objective("mlm").pair(ids, train.objective_params, batch_generator(0, 0), VOCAB)
     batch = module.model.arch.batch(pair) | {"pair_labels": pair_labels}
     labels = torch.full_like(ids, -100).reshape(-1)
     labels[batch["positions"]] = batch["labels"]
@@ -254,7 +255,7 @@ def test_gpt_computes_what_gpt2_lm_head_model_does() -> None:
 
     rows = torch.randint(SPECIAL.n_special, VOCAB, (ROWS, LENGTH), generator=torch.Generator().manual_seed(1))
     batch = module.model.arch.batch(
-        implementations.objective("clm").pair(rows, {}, batch_generator(0, 0), VOCAB)
+        implementations.objective("clm").pair(rows, ObjectiveParams(), batch_generator(0, 0), VOCAB)
     )
     with torch.no_grad():
         ours = module.terms(batch)
@@ -343,7 +344,7 @@ def test_t5_computes_what_t5_for_conditional_generation_does(scale: float | None
     generator = torch.Generator().manual_seed(2)
     rows = torch.randint(SPECIAL.n_special, VOCAB, (ROWS, train.row_length()), generator=generator)
     batch = module.model.arch.batch(
-        implementations.objective("span").pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
+        implementations.objective("span").pair(rows, train.objective_params, batch_generator(0, 0), VOCAB)
     )
     with torch.no_grad():
         ours = module.terms(batch)
@@ -442,7 +443,7 @@ def test_bart_computes_what_bart_for_conditional_generation_does() -> None:
         SPECIAL.n_special, VOCAB, (ROWS, train.row_length()), generator=torch.Generator().manual_seed(3)
     )
     batch = module.model.arch.batch(
-        implementations.objective("bart").pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
+        implementations.objective("bart").pair(rows, train.objective_params, batch_generator(0, 0), VOCAB)
     )
     assert not batch["pad_mask"].all()  # text infilling's inputs differ in length: padding compared too
     with torch.no_grad():
@@ -475,7 +476,9 @@ def test_electra_computes_what_electra_for_pretraining_does(embedding_size: int 
     discriminator, masked_lm = (model.eval() for model in electra_pair(module))
 
     rows = few[torch.randint(0, len(few), (ROWS, LENGTH), generator=torch.Generator().manual_seed(2))]
-    pair = implementations.objective("electra").pair(rows, train.objective_args, batch_generator(0, 0), VOCAB)
+    pair = implementations.objective("electra").pair(
+        rows, train.objective_params, batch_generator(0, 0), VOCAB
+    )
     batch = module.model.arch.batch(pair)
     ids, positions, labels = batch["input_ids"], batch["positions"], batch["labels"]
     masked = torch.full_like(ids, -100).reshape(-1)

@@ -187,7 +187,7 @@ def run(
         norm_eps=1e-12 if recipe.norm_position == "post" else 1e-5,
     )
     torch.manual_seed(recipe.seed)
-    module = PretrainModule(cfg.to_dict(), train.__dict__)
+    module = PretrainModule(cfg, train)
     with torch.no_grad():
         module.objective_head.detector[-1].bias.fill_(recipe.detector_bias)
     models = {"ours": Ours(module)}

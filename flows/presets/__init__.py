@@ -110,15 +110,15 @@ def max_len_for(params: Mapping[str, Any], model: str, arch: str, objective: str
     """The max_len `model` (of the params, which its preset has checked) needs as `arch` to read a row of
     `objective` (its params section with `args` changed) at its sequence length: at least its own."""
     from lmpipe.params.models import ModelParams
-    from lmpipe.params.pretrain import PretrainParams, longest_read, objectives_params
+    from lmpipe.params.pretrain import PretrainParams, longest_read, objectives_params, section_params
 
     fields = ModelParams.model_validate(params[MODELS_KEY][model]).config_fields()
     own = (params[MODELS_KEY][model] or {}).get("pretrain") or {}
     seq_len = PretrainParams.model_validate({**(params.get("pretrain") or {}), **own}).seq_len
     sections = dict(params.get("objectives") or {})
     sections[objective] = {**sections.get(objective, {}), **args}
-    arguments = objectives_params(sections).model_dump()
-    return max(fields["max_len"], longest_read(arch, objective, seq_len, arguments[objective]))
+    section = section_params(objectives_params(sections), objective)
+    return max(fields["max_len"], longest_read(arch, objective, seq_len, section))
 
 
 def on_segment_pairs(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from functools import cache
 from typing import Annotated, Any, Literal, get_type_hints
@@ -13,7 +12,7 @@ from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Strict, _problems
 from models.specs.architectures import ARCHITECTURES
 from models.specs.input_formats import PAIR_FORMATS, InputFormat
-from models.specs.objectives import OBJECTIVES
+from models.specs.objectives import OBJECTIVES, ObjectiveParams
 
 
 def _section_model(name: str) -> type[Strict]:
@@ -55,12 +54,17 @@ def objectives_params(sections: Any = None) -> Strict:
     return _objectives_model(tuple(OBJECTIVES)).model_validate(sections or {})
 
 
-def longest_read(arch: str, objective: str, seq_len: int, args: Mapping[str, Any]) -> int:
+def section_params(objectives: Strict, name: str) -> ObjectiveParams:
+    """`objectives.<name>`, validated, as its declaration's params class: what the objective receives."""
+    return OBJECTIVES[name].Params(**getattr(objectives, name).model_dump())
+
+
+def longest_read(arch: str, objective: str, seq_len: int, params: ObjectiveParams) -> int:
     """The most tokens a stack of `arch` reads of a row of `objective` at `seq_len`: what its max_len
     must hold."""
     return max(
         max(ARCHITECTURES[arch].tokens(part.kind, inputs, targets, 0.0)[:2])
-        for _, part, own in OBJECTIVES[objective].components(args)
+        for _, part, own in OBJECTIVES[objective].components(params)
         for inputs, targets in part.longest(seq_len, own)
     )
 
@@ -181,9 +185,9 @@ class PretrainSections(ModelsSections):
             key = self.pretrain_key(name, "seq_len")
             if max_len < seq_len:
                 raise ValueError(f"models.{name}.max_len ({max_len}) is shorter than {key} ({seq_len})")
-            args = getattr(self.objectives, variant.objective).model_dump()
+            params = section_params(self.objectives, variant.objective)
             arch = ARCHITECTURES[variant.arch]
-            parts = OBJECTIVES[variant.objective].components(args)
+            parts = OBJECTIVES[variant.objective].components(params)
             for _, part, _ in parts:
                 if part.kind not in arch.fits:
                     takes = ", ".join(sorted(arch.fits))
@@ -210,11 +214,12 @@ class PretrainSections(ModelsSections):
                     f"{self.pretrain_key(name, 'short_seq_prob')}: short rows are drawn for segment pairs "
                     f"(BERT's), and {self.pretrain_key(name, 'input_format')} is {fmt} (models.{name})"
                 )
-            if fmt in PAIR_FORMATS and args.get("pair_loss") != "none" and args.get("boundary_loss"):
+            pair_loss = getattr(params, "pair_loss", "none")
+            if fmt in PAIR_FORMATS and pair_loss != "none" and getattr(params, "boundary_loss", False):
                 raise ValueError(
                     "objectives.mlm.boundary_loss: SpanBERT's boundary objective trains single segments, "
                     f"and {self.pretrain_key(name, 'input_format')} {fmt} trains the pair loss "
-                    f"objectives.mlm.pair_loss {args['pair_loss']} (models.{name}): set one of them off"
+                    f"objectives.mlm.pair_loss {pair_loss} (models.{name}): set one of them off"
                 )
             if static and sampling != "epoch":
                 raise ValueError(
@@ -222,7 +227,7 @@ class PretrainSections(ModelsSections):
                     f"data, which needs {self.pretrain_key(name, 'sampling')}: epoch (fixed rows), not "
                     f"{sampling} (models.{name})"
                 )
-            reads = longest_read(variant.arch, variant.objective, seq_len, args)
+            reads = longest_read(variant.arch, variant.objective, seq_len, params)
             if reads > max_len:
                 raise ValueError(
                     f"models.{name}.max_len ({max_len}) is shorter than the {reads} tokens arch "

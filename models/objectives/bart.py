@@ -14,11 +14,11 @@ import math
 import torch
 from torch import Tensor
 
-from models.objectives.base import ObjectiveImplementation
+from models.objectives.base import NO_PIECES, ObjectiveImplementation, Pieces
 from models.objectives.noise import iid_noise_mask, noise_count, stacked, with_eos
 from models.pair import Pair
 from models.special import SPECIAL
-from models.specs.objectives.base import Args
+from models.specs.objectives.bart import BartParams
 
 
 def poisson_span_lengths(num_noise: int, most: int, lam: float, generator: torch.Generator) -> Tensor:
@@ -77,25 +77,32 @@ def permute_sentences(row: Tensor, ends: Tensor, share: float, generator: torch.
     return torch.cat([sentences[i] for i in order.tolist()])
 
 
-def noised(row: Tensor, args: Args, generator: torch.Generator) -> Tensor:
-    if args["permute_sentences"] > 0:
-        row = permute_sentences(row, args["sentence_ends"], args["permute_sentences"], generator)
-    noise = args["noise"]
+def noised(row: Tensor, params: BartParams, generator: torch.Generator, pieces: Pieces = NO_PIECES) -> Tensor:
+    if params.permute_sentences > 0:
+        row = permute_sentences(row, pieces["sentence_ends"], params.permute_sentences, generator)
+    noise = params.noise
     if noise == "none":
         return row
     if noise == "document_rotation":
         return torch.roll(row, -int(torch.randint(len(row), (1,), generator=generator)))
     if noise == "text_infilling":
-        return text_infilling(row, args["noise_density"], args["poisson_lambda"], generator)
-    chosen = iid_noise_mask(len(row), args["noise_density"], generator)
+        return text_infilling(row, params.noise_density, params.poisson_lambda, generator)
+    chosen = iid_noise_mask(len(row), params.noise_density, generator)
     if noise == "token_deletion":
         return row[~chosen]
     return torch.where(chosen, SPECIAL.mask, row)
 
 
 class BartDenoising(ObjectiveImplementation):
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        inputs, input_lengths = stacked([with_eos(noised(row, args, generator)) for row in rows])
+    def pair(
+        self,
+        rows: Tensor,
+        params: BartParams,
+        generator: torch.Generator,
+        vocab_size: int,
+        pieces: Pieces = NO_PIECES,
+    ) -> Pair:
+        inputs, input_lengths = stacked([with_eos(noised(row, params, generator, pieces)) for row in rows])
         return Pair(inputs, torch.stack([with_eos(row) for row in rows]), input_lengths)
 
 

@@ -9,15 +9,20 @@ objective trains any architecture whose converter can express the pair's kind. I
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 from torch import Tensor, nn
 
 from models.config import ModelConfig
 from models.pair import Pair
-from models.specs.objectives.base import Args
+from models.specs.objectives.base import ObjectiveParams
 from models.training import derived_seed
+
+Pieces = Mapping[str, Tensor]  # the tokenizer's piece tables by name (models/pieces.py)
+NO_PIECES: Pieces = MappingProxyType({})
 
 
 @dataclass
@@ -50,20 +55,31 @@ class ObjectiveImplementation(ABC):
     `IMPLEMENTATION`): the pair it makes of rows and, where it trains one, its own head."""
 
     @abstractmethod
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair: ...
+    def pair(
+        self,
+        rows: Tensor,
+        params: ObjectiveParams,
+        generator: torch.Generator,
+        vocab_size: int,
+        pieces: Pieces = NO_PIECES,
+    ) -> Pair:
+        """The pair of `rows` under the declaration's `params`; `pieces` holds the tokenizer's piece tables
+        its declaration's `piece_tables` names (models/pieces.py), by name."""
 
-    def head(self, model: ModelConfig, args: Args) -> nn.Module | None:
+    def head(self, model: ModelConfig, params: ObjectiveParams) -> nn.Module | None:
         """A pretraining-only module that computes the step's `Terms` from the model and the batch in
         place of the LM head (ELECTRA's generator and discriminator head), trained beside the model and
         left out of its export; None: the model's tied LM head on the pair's targets."""
         return None
 
-    def example_extras(self, predicted: int, args: Args) -> dict[str, Tensor]:
+    def example_extras(self, predicted: int, params: ObjectiveParams) -> dict[str, Tensor]:
         """The pair's `extras` for a batch of `predicted` scored tokens, on the meta device (the FLOPs
         count's example batch)."""
         return {}
 
-    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int | None:
+    def head_flops(
+        self, model: ModelConfig, batch_size: int, seq_len: int, params: ObjectiveParams
+    ) -> int | None:
         """The forward FLOPs of `head` beside the model's stacks (which it runs once), for the
         estimate; None: the tied LM head on the predicted tokens."""
         return None

@@ -7,14 +7,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.objectives.base import ObjectiveImplementation
+from models.objectives.base import NO_PIECES, ObjectiveImplementation, Pieces
 from models.objectives.noise import with_eos
 from models.pair import Pair
-from models.specs.objectives.base import Args
+from models.specs.objectives.deshuffle import DeshuffleParams
 
 
 class Deshuffling(ObjectiveImplementation):
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
+    def pair(
+        self,
+        rows: Tensor,
+        params: DeshuffleParams,
+        generator: torch.Generator,
+        vocab_size: int,
+        pieces: Pieces = NO_PIECES,
+    ) -> Pair:
         shuffled = [row[torch.randperm(len(row), generator=generator)] for row in rows]
         inputs = torch.stack([with_eos(row) for row in shuffled])
         return Pair(inputs, torch.stack([with_eos(row) for row in rows]))

@@ -6,18 +6,25 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.objectives.base import ObjectiveImplementation
+from models.objectives.base import NO_PIECES, ObjectiveImplementation, Pieces
 from models.objectives.noise import noise_mask, with_eos
 from models.pair import Pair
-from models.specs.objectives.base import Args
+from models.specs.objectives.drop import DropParams
 
 
 class DropCorrupted(ObjectiveImplementation):
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
+    def pair(
+        self,
+        rows: Tensor,
+        params: DropParams,
+        generator: torch.Generator,
+        vocab_size: int,
+        pieces: Pieces = NO_PIECES,
+    ) -> Pair:
         inputs, targets = [], []
         for row in rows:
             noise = noise_mask(
-                args["noise_mask"], len(row), args["noise_density"], args["mean_span_length"], generator
+                params.noise_mask, len(row), params.noise_density, params.mean_span_length, generator
             )
             inputs.append(with_eos(row[~noise]))
             targets.append(with_eos(row[noise]))

@@ -14,10 +14,10 @@ from sklearn.metrics import roc_auc_score
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.objectives.base import ObjectiveImplementation, Terms
+from models.objectives.base import NO_PIECES, ObjectiveImplementation, Pieces, Terms
 from models.objectives.mlm import mask_tokens
 from models.pair import Pair
-from models.specs.objectives.base import Args
+from models.specs.objectives.electra import ElectraParams
 from models.stack_flops import lm_head_weights, stack_forward_flops
 from models.transformer import Stack, Transformer, init_normal, rope_tables
 
@@ -85,7 +85,7 @@ def collapse_measures(
     return {"replaced_auc": auc, "state_cosine": pairs.mean()}
 
 
-def make_head(model: ModelConfig, args: Args) -> nn.Module:
+def make_head(model: ModelConfig, params: ElectraParams) -> nn.Module:
     """The generator and the discriminator's head, trained beside the model (the discriminator)."""
 
     class Generator(torch.nn.Module):
@@ -95,13 +95,13 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
 
         def __init__(self) -> None:
             super().__init__()
-            self.cfg = generator_config(model, args["generator_width"])
+            self.cfg = generator_config(model, params.generator_width)
             width = model.embedding_size or model.d_model
             self.projection = torch.nn.Linear(width, self.cfg.d_model, bias=model.bias)
             self.stack = Stack(self.cfg, model.n_layers, causal=False, cross=False, projected=True)
             self.drop = torch.nn.Dropout(model.dropout)
             self.transform, self.bias = None, None
-            if args["generator_head"] == "transform":
+            if params.generator_head == "transform":
                 self.transform = torch.nn.Sequential(
                     torch.nn.Linear(self.cfg.d_model, width),
                     torch.nn.GELU(),
@@ -132,7 +132,7 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
             super().__init__()
             self.generator = Generator()
             self.detector = detector_head(model.d_model, model.init_std)
-            self.weight = args["discriminator_weight"]
+            self.weight = params.discriminator_weight
 
         def forward(self, discriminator: Transformer, batch: dict[str, Tensor]) -> Terms:
             ids, positions, labels = batch["input_ids"], batch["positions"], batch["labels"]
@@ -161,35 +161,42 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
 
 
 class Electra(ObjectiveImplementation):
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        masked = mask_tokens(rows, generator, vocab_size, args["mask_rate"], args["mask_fraction"], 0.0)
+    def pair(
+        self,
+        rows: Tensor,
+        params: ElectraParams,
+        generator: torch.Generator,
+        vocab_size: int,
+        pieces: Pieces = NO_PIECES,
+    ) -> Pair:
+        masked = mask_tokens(rows, generator, vocab_size, params.mask_rate, params.mask_fraction, 0.0)
         # one uniform a selected token, in the order of its flat position: the generator's sample there
         uniforms = torch.rand(masked.positions.shape, generator=generator)
         return Pair(masked.input_ids, rows, noise=masked.selected, extras={"sample_uniforms": uniforms})
 
-    def head(self, model: ModelConfig, args: Args) -> nn.Module:
-        return make_head(model, args)
+    def head(self, model: ModelConfig, params: ElectraParams) -> nn.Module:
+        return make_head(model, params)
 
-    def example_extras(self, predicted: int, args: Args) -> dict[str, Tensor]:
+    def example_extras(self, predicted: int, params: ElectraParams) -> dict[str, Tensor]:
         return {"sample_uniforms": torch.zeros(predicted, device="meta")}
 
-    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int:
+    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, params: ElectraParams) -> int:
         """The generator (its projection, stack and tied LM head at the masked tokens) and the
         discriminator's head on every token."""
 
         gen, b, e = (
-            generator_config(model, args["generator_width"]),
+            generator_config(model, params.generator_width),
             batch_size,
             model.embedding_size or model.d_model,
         )
-        predicted = round(args["mask_rate"] * seq_len * b)
+        predicted = round(params.mask_rate * seq_len * b)
         flops = 2 * b * seq_len * e * gen.d_model + stack_forward_flops(
             b, seq_len, model.n_layers, gen.d_model, gen.d_ff, gen.mlp
         )
         flops += (
             2
             * predicted
-            * lm_head_weights(gen.d_model, e, model.vocab_size, args["generator_head"] == "transform")
+            * lm_head_weights(gen.d_model, e, model.vocab_size, params.generator_head == "transform")
         )
         return flops + 2 * b * seq_len * (model.d_model * model.d_model + model.d_model)
 

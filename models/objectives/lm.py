@@ -7,11 +7,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from models.objectives.base import ObjectiveImplementation
+from models.objectives.base import NO_PIECES, ObjectiveImplementation, Pieces
 from models.pair import Pair
 from models.special import SPECIAL
-from models.specs.objectives.base import Args
-from models.specs.objectives.lm import prefix_bounds
+from models.specs.objectives.lm import LMParams, prefix_bounds
 
 
 def split_rows(rows: Tensor, input_lengths: Tensor) -> Pair:
@@ -31,8 +30,15 @@ def split_rows(rows: Tensor, input_lengths: Tensor) -> Pair:
 
 
 class PrefixLM(ObjectiveImplementation):
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        fewest, most = prefix_bounds(rows.shape[1], args["noise_density"])
+    def pair(
+        self,
+        rows: Tensor,
+        params: LMParams,
+        generator: torch.Generator,
+        vocab_size: int,
+        pieces: Pieces = NO_PIECES,
+    ) -> Pair:
+        fewest, most = prefix_bounds(rows.shape[1], params.noise_density)
         return split_rows(rows, torch.randint(fewest, most + 1, (len(rows),), generator=generator))
 
 

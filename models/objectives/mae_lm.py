@@ -14,21 +14,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import ModelConfig
-from models.objectives.base import ObjectiveImplementation, Terms
+from models.objectives.base import NO_PIECES, ObjectiveImplementation, Pieces, Terms
 from models.objectives.mlm import mask_tokens
 from models.pair import Pair
 from models.special import SPECIAL
-from models.specs.objectives.base import Args
 from models.specs.objectives.mae_lm import OBJECTIVE as DECLARED
+from models.specs.objectives.mae_lm import MaeLmParams
 from models.stack_flops import lm_head_weights, stack_forward_flops
 from models.transformer import Stack, Transformer, init_normal
 
 
-def make_head(model: ModelConfig, args: Args) -> nn.Module:
+def make_head(model: ModelConfig, params: MaeLmParams) -> nn.Module:
     class MaeLmHead(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            layers = args["decoder_layers"]
+            layers = params.decoder_layers
             self.cfg = model.with_(n_layers=layers, share_layers="none", layer_groups=1)
             self.stack = Stack(self.cfg, layers, causal=False, cross=False)
             self.apply(lambda module: init_normal(module, model.init_std))
@@ -53,20 +53,27 @@ def make_head(model: ModelConfig, args: Args) -> nn.Module:
 
 
 class MaeLm(ObjectiveImplementation):
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        masked = mask_tokens(rows, generator, vocab_size, args["mask_rate"], 1.0, 0.0)
+    def pair(
+        self,
+        rows: Tensor,
+        params: MaeLmParams,
+        generator: torch.Generator,
+        vocab_size: int,
+        pieces: Pieces = NO_PIECES,
+    ) -> Pair:
+        masked = mask_tokens(rows, generator, vocab_size, params.mask_rate, 1.0, 0.0)
         return Pair(masked.input_ids, rows, noise=masked.selected)
 
-    def head(self, model: ModelConfig, args: Args) -> nn.Module:
-        return make_head(model, args)
+    def head(self, model: ModelConfig, params: MaeLmParams) -> nn.Module:
+        return make_head(model, params)
 
-    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int:
+    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, params: MaeLmParams) -> int:
         """The decoder over the row, the [MASK] embeddings' projection (factorized embeddings) and the
         tied LM head at the held-out tokens."""
         b, d, e = batch_size, model.d_model, model.embedding_size
-        flops = stack_forward_flops(b, seq_len, args["decoder_layers"], d, model.d_ff, model.mlp)
+        flops = stack_forward_flops(b, seq_len, params.decoder_layers, d, model.d_ff, model.mlp)
         flops += 2 * b * seq_len * e * d if e else 0
-        predicted = round(DECLARED.widths(seq_len, args)[2] * b)
+        predicted = round(DECLARED.widths(seq_len, params)[2] * b)
         return flops + 2 * predicted * lm_head_weights(d, e, model.vocab_size, model.lm_head == "transform")
 
 

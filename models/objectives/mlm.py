@@ -11,12 +11,12 @@ from torch import Tensor, nn
 
 from models.config import ModelConfig
 from models.objectives import spanbert
-from models.objectives.base import ObjectiveImplementation
+from models.objectives.base import NO_PIECES, ObjectiveImplementation, Pieces
 from models.objectives.noise import bert_replacement
 from models.pair import Pair
 from models.special import SPECIAL
-from models.specs.objectives.base import Args
 from models.specs.objectives.mlm import OBJECTIVE as DECLARED
+from models.specs.objectives.mlm import MLMParams
 
 
 @dataclass
@@ -52,12 +52,19 @@ def mask_tokens(
 
 
 class MaskedLM(ObjectiveImplementation):
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
-        split = args["mask_rate"], args["mask_fraction"], args["random_fraction"]
-        if args["mask_unit"] != "token":
-            lengths = spanbert.span_lengths(args)
+    def pair(
+        self,
+        rows: Tensor,
+        params: MLMParams,
+        generator: torch.Generator,
+        vocab_size: int,
+        pieces: Pieces = NO_PIECES,
+    ) -> Pair:
+        split = params.mask_rate, params.mask_fraction, params.random_fraction
+        if params.mask_unit != "token":
+            lengths = spanbert.span_lengths(params)
             spans = spanbert.mask_spans(
-                rows, args["word_starts"], generator, vocab_size, split[0], lengths, *split[1:]
+                rows, pieces["word_starts"], generator, vocab_size, split[0], lengths, *split[1:]
             )
             extras = {
                 "span_left": spans.span_left,
@@ -68,16 +75,16 @@ class MaskedLM(ObjectiveImplementation):
         masked = mask_tokens(rows, generator, vocab_size, *split)
         return Pair(masked.input_ids, rows, noise=masked.selected)
 
-    def head(self, model: ModelConfig, args: Args) -> nn.Module | None:
-        return spanbert.boundary_head(model) if DECLARED.has_head(args) else None
+    def head(self, model: ModelConfig, params: MLMParams) -> nn.Module | None:
+        return spanbert.boundary_head(model) if DECLARED.has_head(params) else None
 
-    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, args: Args) -> int | None:
-        if not args["boundary_loss"]:
+    def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, params: MLMParams) -> int | None:
+        if not params.boundary_loss:
             return None
-        return spanbert.boundary_head_flops(model, round(DECLARED.widths(seq_len, args)[2] * batch_size))
+        return spanbert.boundary_head_flops(model, round(DECLARED.widths(seq_len, params)[2] * batch_size))
 
-    def example_extras(self, predicted: int, args: Args) -> dict[str, Tensor]:
-        return spanbert.example_extras(predicted) if args["boundary_loss"] else {}
+    def example_extras(self, predicted: int, params: MLMParams) -> dict[str, Tensor]:
+        return spanbert.example_extras(predicted) if params.boundary_loss else {}
 
 
 IMPLEMENTATION = MaskedLM()

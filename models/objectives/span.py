@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models.objectives.base import ObjectiveImplementation
+from models.objectives.base import NO_PIECES, ObjectiveImplementation, Pieces
 from models.objectives.noise import (
     noise_after_sentinels,
     noise_mask,
@@ -18,8 +18,8 @@ from models.objectives.noise import (
     with_eos,
 )
 from models.pair import Pair
-from models.specs.objectives.base import Args
 from models.specs.objectives.noise import NoiseMask
+from models.specs.objectives.span import SpanParams
 
 
 @dataclass
@@ -48,9 +48,16 @@ def span_corrupt(
 
 
 class SpanCorruption(ObjectiveImplementation):
-    def pair(self, rows: Tensor, args: Args, generator: torch.Generator, vocab_size: int) -> Pair:
+    def pair(
+        self,
+        rows: Tensor,
+        params: SpanParams,
+        generator: torch.Generator,
+        vocab_size: int,
+        pieces: Pieces = NO_PIECES,
+    ) -> Pair:
         spans = span_corrupt(
-            rows, generator, args["noise_density"], args["mean_span_length"], args["noise_mask"]
+            rows, generator, params.noise_density, params.mean_span_length, params.noise_mask
         )
         return Pair(spans.input_ids, spans.target_ids, spans.input_lengths, spans.target_lengths)
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from models.config import ModelConfig
 from models.objectives.base import Terms
 from models.special import SPECIAL, SpecialIds
-from models.specs.objectives.base import Args
+from models.specs.objectives.mlm import MLMParams
 from models.stack_flops import lm_head_weights
 from models.transformer import Transformer, init_normal
 
@@ -171,7 +171,7 @@ def example_extras(predicted: int) -> dict[str, Tensor]:
     }
 
 
-def span_lengths(args: Args) -> list[float]:
+def span_lengths(params: MLMParams) -> list[float]:
     """The distribution of a span's length in words for `mask_unit`: whole words one word each, spans
     SpanBERT's clipped geometric."""
-    return [1.0] if args["mask_unit"] == "word" else geometric_lengths(args["span_p"], args["max_span"])
+    return [1.0] if params.mask_unit == "word" else geometric_lengths(params.span_p, params.max_span)

@@ -6,6 +6,7 @@ objective is its declaration, its implementation (models/objectives/) and one li
 from __future__ import annotations
 
 from models.specs.objectives.base import OBJECTIVES as OBJECTIVES
+from models.specs.objectives.base import ObjectiveParams as ObjectiveParams
 from models.specs.objectives.base import ObjectiveSpec as ObjectiveSpec
 from models.specs.objectives.base import register as register
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec, register
 from models.specs.objectives.noise import noise_count
 
 Noise = Literal["token_masking", "token_deletion", "text_infilling", "document_rotation", "none"]
@@ -48,25 +48,25 @@ class BartDenoising(ObjectiveSpec):
     name, kind, Params = "bart", "sequence", BartParams
     implementation = "models.objectives.bart"
 
-    def row_length(self, seq_len: int, args: Args) -> int:
+    def row_length(self, seq_len: int, params: BartParams) -> int:
         return seq_len - 1  # and EOS
 
-    def piece_tables(self, args: Args) -> tuple[str, ...]:
-        return ("sentence_ends",) if args["permute_sentences"] > 0 else ()
+    def piece_tables(self, params: BartParams) -> tuple[str, ...]:
+        return ("sentence_ends",) if params.permute_sentences > 0 else ()
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+    def widths(self, seq_len: int, params: BartParams) -> tuple[int, int, float]:
         raw = seq_len - 1
-        num_noise = noise_count(raw, args["noise_density"])
-        if args["noise"] == "token_deletion":
+        num_noise = noise_count(raw, params.noise_density)
+        if params.noise == "token_deletion":
             return raw - num_noise + 1, seq_len, seq_len
-        if args["noise"] == "text_infilling":  # about num_noise / λ spans, one [MASK] each
-            return round(raw - num_noise + num_noise / args["poisson_lambda"] + 1), seq_len, seq_len
+        if params.noise == "text_infilling":  # about num_noise / λ spans, one [MASK] each
+            return round(raw - num_noise + num_noise / params.poisson_lambda + 1), seq_len, seq_len
         return seq_len, seq_len, seq_len
 
-    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
+    def longest(self, seq_len: int, params: BartParams) -> list[tuple[int, int]]:
         # spans never outnumber the noise tokens they replace
-        deleted = args["noise"] == "token_deletion"
-        return [((self.widths(seq_len, args)[0] if deleted else seq_len), seq_len)]
+        deleted = params.noise == "token_deletion"
+        return [((self.widths(seq_len, params)[0] if deleted else seq_len), seq_len)]
 
 
 OBJECTIVE = register(BartDenoising())

@@ -6,13 +6,10 @@ implementation computes)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
+from typing import ClassVar, Literal, get_args, get_origin, get_type_hints
 
 from models.pair import PairKind
-
-Args = Mapping[str, Any]  # params.yaml `objectives.<name>`
 
 
 @dataclass(frozen=True)
@@ -68,38 +65,38 @@ class ObjectiveSpec(ABC):
     trains_lm_head: ClassVar[bool] = True  # the model's tied LM head: what its export's LM class runs
     pair_formats: ClassVar[bool] = False  # trains RoBERTa's pair formats (pretrain.input_format)
 
-    def components(self, args: Args) -> list[tuple[float, ObjectiveSpec, Args]]:
-        """(share, objective, its args) of what makes a batch: this objective, or a mixture's parts."""
-        return [(1.0, self, args)]
+    def components(self, params: ObjectiveParams) -> list[tuple[float, ObjectiveSpec, ObjectiveParams]]:
+        """(share, objective, its params) of what makes a batch: this objective, or a mixture's parts."""
+        return [(1.0, self, params)]
 
-    def static_copies(self, args: Args) -> int | None:
+    def static_copies(self, params: ObjectiveParams) -> int | None:
         """With static masking (BERT's `dupe_factor`), the copies of the data: every row's noise drawn
         once per copy and reused whenever that copy is read; None: fresh noise every batch (dynamic)."""
         return None
 
-    def row_length(self, seq_len: int, args: Args) -> int:
+    def row_length(self, seq_len: int, params: ObjectiveParams) -> int:
         """Tokens read per row for inputs of `seq_len`."""
         return seq_len
 
-    def has_head(self, args: Args) -> bool:
+    def has_head(self, params: ObjectiveParams) -> bool:
         """Whether its implementation trains a head of its own beside the model (ELECTRA's generator and
         discriminator head) in place of the model's tied LM head."""
         return False
 
-    def piece_tables(self, args: Args) -> tuple[str, ...]:
-        """The tokenizer's piece tables that its pairs read from their args by name (models/pieces.py:
-        `word_starts`, `sentence_ends`), which `make_batch` adds to the args."""
+    def piece_tables(self, params: ObjectiveParams) -> tuple[str, ...]:
+        """The tokenizer's piece tables that its pairs read by name (models/pieces.py: `word_starts`,
+        `sentence_ends`), which `make_batch` hands its implementation's `pair`."""
         return ()
 
     @abstractmethod
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+    def widths(self, seq_len: int, params: ObjectiveParams) -> tuple[int, int, float]:
         """(inputs width, targets width, predicted tokens per row): exact for fixed-width pairs, the
         expectation where rows differ."""
 
-    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
+    def longest(self, seq_len: int, params: ObjectiveParams) -> list[tuple[int, int]]:
         """The widest (inputs, targets) a row can make, what the model's max_len must hold (bounds, or
         the extremes where one grows as the other shrinks)."""
-        inputs, targets, _ = self.widths(seq_len, args)
+        inputs, targets, _ = self.widths(seq_len, params)
         return [(inputs, targets)]
 
 

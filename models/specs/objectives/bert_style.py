@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.specs.objectives.base import (
-    Args,
     ObjectiveParams,
     ObjectiveSpec,
     check_replacement_split,
@@ -35,10 +34,10 @@ class BertStyle(ObjectiveSpec):
     name, kind, Params = "bert_style", "sequence", BertStyleParams
     implementation = "models.objectives.bert_style"
 
-    def row_length(self, seq_len: int, args: Args) -> int:
+    def row_length(self, seq_len: int, params: BertStyleParams) -> int:
         return seq_len - 1  # and EOS
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+    def widths(self, seq_len: int, params: BertStyleParams) -> tuple[int, int, float]:
         return seq_len, seq_len, seq_len
 
 

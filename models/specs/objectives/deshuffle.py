@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec, register
 
 
 @dataclass(frozen=True)
@@ -17,10 +17,10 @@ class Deshuffling(ObjectiveSpec):
     name, kind, Params = "deshuffle", "sequence", DeshuffleParams
     implementation = "models.objectives.deshuffle"
 
-    def row_length(self, seq_len: int, args: Args) -> int:
+    def row_length(self, seq_len: int, params: DeshuffleParams) -> int:
         return seq_len - 1  # and EOS
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+    def widths(self, seq_len: int, params: DeshuffleParams) -> tuple[int, int, float]:
         return seq_len, seq_len, seq_len
 
 

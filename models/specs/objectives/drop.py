@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec, register
 from models.specs.objectives.noise import NoiseMask, noise_count
 
 
@@ -32,12 +32,12 @@ class DropCorrupted(ObjectiveSpec):
     name, kind, Params = "drop", "sequence", DropParams
     implementation = "models.objectives.drop"
 
-    def row_length(self, seq_len: int, args: Args) -> int:
-        return raw_length(seq_len, args["noise_density"])
+    def row_length(self, seq_len: int, params: DropParams) -> int:
+        return raw_length(seq_len, params.noise_density)
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        raw = self.row_length(seq_len, args)
-        num_noise = noise_count(raw, args["noise_density"])
+    def widths(self, seq_len: int, params: DropParams) -> tuple[int, int, float]:
+        raw = self.row_length(seq_len, params)
+        num_noise = noise_count(raw, params.noise_density)
         return raw - num_noise + 1, num_noise + 1, num_noise + 1
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec, register
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,10 @@ class Electra(ObjectiveSpec):
     implementation = "models.objectives.electra"
     trains_lm_head = False  # the generator predicts tokens; the model (the discriminator) detects them
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        return seq_len, seq_len, args["mask_rate"] * seq_len  # the generator's expected predictions
+    def widths(self, seq_len: int, params: ElectraParams) -> tuple[int, int, float]:
+        return seq_len, seq_len, params.mask_rate * seq_len  # the generator's expected predictions
 
-    def has_head(self, args: Args) -> bool:
+    def has_head(self, params: ElectraParams) -> bool:
         return True
 
 

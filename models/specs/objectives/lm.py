@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec, register
 
 
 def prefix_bounds(length: int, noise_density: float) -> tuple[int, int]:
@@ -26,16 +26,16 @@ class PrefixLM(ObjectiveSpec):
     name, kind, Params = "lm", "sequence", LMParams
     implementation = "models.objectives.lm"
 
-    def row_length(self, seq_len: int, args: Args) -> int:
+    def row_length(self, seq_len: int, params: LMParams) -> int:
         return seq_len + 1  # a decoder-only model reads seq_len of them, as with clm
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        fewest, most = prefix_bounds(seq_len + 1, args["noise_density"])
+    def widths(self, seq_len: int, params: LMParams) -> tuple[int, int, float]:
+        fewest, most = prefix_bounds(seq_len + 1, params.noise_density)
         inputs = (fewest + most) / 2
         return round(inputs), seq_len + 1 - round(inputs), seq_len + 1 - inputs
 
-    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
-        fewest, most = prefix_bounds(seq_len + 1, args["noise_density"])
+    def longest(self, seq_len: int, params: LMParams) -> list[tuple[int, int]]:
+        fewest, most = prefix_bounds(seq_len + 1, params.noise_density)
         return [(most, seq_len + 1 - most), (fewest, seq_len + 1 - fewest)]
 
 

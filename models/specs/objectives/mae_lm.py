@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec, register
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,10 @@ class MaeLm(ObjectiveSpec):
     implementation = "models.objectives.mae_lm"
     trains_lm_head = False  # the decoder's states feed the LM head, never the encoder's
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        return seq_len, seq_len, args["mask_rate"] * seq_len
+    def widths(self, seq_len: int, params: MaeLmParams) -> tuple[int, int, float]:
+        return seq_len, seq_len, params.mask_rate * seq_len
 
-    def has_head(self, args: Args) -> bool:
+    def has_head(self, params: MaeLmParams) -> bool:
         return True
 
 

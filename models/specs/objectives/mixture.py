@@ -8,10 +8,10 @@ length and cut to each one's."""
 from __future__ import annotations
 
 from copy import deepcopy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from models.specs.objectives.base import OBJECTIVES, Args, ObjectiveParams, ObjectiveSpec, register
+from models.specs.objectives.base import OBJECTIVES, ObjectiveParams, ObjectiveSpec, register
 
 # UniLM's three masks (its right-to-left LM left out): a bidirectional masked LM, a left-to-right LM and
 # a sequence-to-sequence LM, in equal shares
@@ -34,8 +34,10 @@ UL2 = {
 }
 
 
-def resolved(components: dict[str, dict[str, Any]]) -> list[tuple[str, float, ObjectiveSpec, Args]]:
-    """(name, weight, objective, its full args) of each component; a ValueError names a bad one."""
+def resolved(
+    components: dict[str, dict[str, Any]],
+) -> list[tuple[str, float, ObjectiveSpec, ObjectiveParams]]:
+    """(name, weight, objective, its params) of each component; a ValueError names a bad one."""
     if not components:
         raise ValueError("components: give at least one")
     found = []
@@ -59,12 +61,12 @@ def resolved(components: dict[str, dict[str, Any]]) -> list[tuple[str, float, Ob
             params.check()
         except ValueError as exc:
             raise ValueError(f"{where}.args: {exc}") from None
-        if objective.has_head(asdict(params)):  # PretrainModule builds the model's objective's head only
+        if objective.has_head(params):  # PretrainModule builds the model's objective's head only
             raise ValueError(
                 f"{where}: {objective.name} trains a head of its own (a generator, a decoder, the boundary "
                 "objective), which a mixture's component cannot: train it as a model's objective"
             )
-        found.append((name, float(weight), objective, asdict(params)))
+        found.append((name, float(weight), objective, params))
     return found
 
 
@@ -95,15 +97,15 @@ class Mixture(ObjectiveSpec):
     def __init__(self, name: str, params: type[ObjectiveParams]) -> None:
         self.name, self.Params = name, params
 
-    def components(self, args: Args) -> list[tuple[float, ObjectiveSpec, Args]]:
-        found = resolved(args["components"])
+    def components(self, params: UniLMParams) -> list[tuple[float, ObjectiveSpec, ObjectiveParams]]:
+        found = resolved(params.components)
         total = sum(weight for _, weight, _, _ in found)
         return [(weight / total, objective, own) for _, weight, objective, own in found]
 
-    def row_length(self, seq_len: int, args: Args) -> int:
-        return max(objective.row_length(seq_len, own) for _, objective, own in self.components(args))
+    def row_length(self, seq_len: int, params: UniLMParams) -> int:
+        return max(objective.row_length(seq_len, own) for _, objective, own in self.components(params))
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
+    def widths(self, seq_len: int, params: UniLMParams) -> tuple[int, int, float]:
         raise NotImplementedError("a mixture's widths are its components' (models/flops.py)")
 
 

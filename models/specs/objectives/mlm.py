@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from models.specs.objectives.base import (
-    Args,
     ObjectiveParams,
     ObjectiveSpec,
     check_replacement_split,
@@ -69,17 +68,17 @@ class MaskedLM(ObjectiveSpec):
     implementation = "models.objectives.mlm"
     pair_formats = True
 
-    def piece_tables(self, args: Args) -> tuple[str, ...]:
-        return ("word_starts",) if args["mask_unit"] != "token" else ()
+    def piece_tables(self, params: MLMParams) -> tuple[str, ...]:
+        return ("word_starts",) if params.mask_unit != "token" else ()
 
-    def has_head(self, args: Args) -> bool:
-        return args["boundary_loss"]
+    def has_head(self, params: MLMParams) -> bool:
+        return params.boundary_loss
 
-    def static_copies(self, args: Args) -> int | None:
-        return args["copies"] if args["masking"] == "static" else None
+    def static_copies(self, params: MLMParams) -> int | None:
+        return params.copies if params.masking == "static" else None
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        return seq_len, seq_len, args["mask_rate"] * seq_len  # the expected selection
+    def widths(self, seq_len: int, params: MLMParams) -> tuple[int, int, float]:
+        return seq_len, seq_len, params.mask_rate * seq_len  # the expected selection
 
 
 OBJECTIVE = register(MaskedLM())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from models.specs.objectives.base import Args, ObjectiveParams, ObjectiveSpec, register
+from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec, register
 from models.specs.objectives.noise import NoiseMask, noise_count, span_counts
 
 
@@ -53,28 +53,28 @@ class SpanCorruption(ObjectiveSpec):
     name, kind, Params = "span", "sequence", SpanParams
     implementation = "models.objectives.span"
 
-    def row_length(self, seq_len: int, args: Args) -> int:
-        if args["noise_mask"] == "iid":  # spans never outnumber noise tokens: inputs fit seq_len
+    def row_length(self, seq_len: int, params: SpanParams) -> int:
+        if params.noise_mask == "iid":  # spans never outnumber noise tokens: inputs fit seq_len
             return seq_len - 1
-        return span_corruption_lengths(seq_len, args["noise_density"], args["mean_span_length"])[0]
+        return span_corruption_lengths(seq_len, params.noise_density, params.mean_span_length)[0]
 
-    def widths(self, seq_len: int, args: Args) -> tuple[int, int, float]:
-        if args["noise_mask"] == "iid":
+    def widths(self, seq_len: int, params: SpanParams) -> tuple[int, int, float]:
+        if params.noise_mask == "iid":
             raw = seq_len - 1
-            num_noise = noise_count(raw, args["noise_density"])
+            num_noise = noise_count(raw, params.noise_density)
             # a noise token starts a span where the token before it is kept (or it is the first)
             spans = num_noise * (raw - num_noise + 1) / raw
             targets = num_noise + spans + 1
             return round(raw - num_noise + spans + 1), round(targets), targets
-        _, targets = span_corruption_lengths(seq_len, args["noise_density"], args["mean_span_length"])
+        _, targets = span_corruption_lengths(seq_len, params.noise_density, params.mean_span_length)
         return seq_len, targets, targets
 
-    def longest(self, seq_len: int, args: Args) -> list[tuple[int, int]]:
-        if args["noise_mask"] == "iid":
-            raw = self.row_length(seq_len, args)
-            density = args["noise_density"]
+    def longest(self, seq_len: int, params: SpanParams) -> list[tuple[int, int]]:
+        if params.noise_mask == "iid":
+            raw = self.row_length(seq_len, params)
+            density = params.noise_density
             return [(seq_len, noise_count(raw, density) + most_iid_spans(raw, density) + 1)]
-        return super().longest(seq_len, args)
+        return super().longest(seq_len, params)
 
 
 OBJECTIVE = register(SpanCorruption())

@@ -1,8 +1,9 @@
-"""Stage `code`: each model's own code, for DVC. Writes `code.yaml`: for every stage over `models`
-(dvc.yaml's `foreach: ${models}`), for every registered objective and architecture, the sha256 of the
-files that unit adds to the stage's own code (lmpipe/codedeps.py). Those stages list their model's two
-keys under `params:`, so that an edit to one objective's or architecture's modules re-runs only the
-models that use it, and their own deps name only the code every model runs.
+"""Stage `code`: each model's own code, for DVC. Writes `code.yaml`: for every stage over `models` (its
+arguments: dvc.yaml's `foreach: ${models}` stages), for every registered objective and architecture,
+the sha256 of the files that unit adds to the stage's own code (lmpipe/codedeps.py). Those stages list
+their model's two keys under `params:`, so that an edit to one objective's or architecture's modules
+re-runs only the models that use it, and their own deps name only the code every model runs. Its
+MLflow run logs the digests' first 12 digits.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import yaml
 from lmpipe.codedeps import digests
 from lmpipe.layout import CODE_DIGESTS
 from lmpipe.runtime import atomic_file, run_main
+from lmpipe.tracking import stage_run, tracking_experiment
 
 # the registries and loaders this stage hashes every unit of (lmpipe/codedeps.py: its code deps)
 READS_SOURCE_OF = (
@@ -28,9 +30,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stages.code")
     parser.add_argument("stages", nargs="+", help="dvc.yaml's stages over `models`")
     stages = parser.parse_args(argv).stages
-    with atomic_file(CODE_DIGESTS) as out:
+    found = digests(stages)
+    # MLflow's compare view shows which objective's or architecture's code changed between two runs
+    short = {
+        stage: {kind: {name: d[:12] for name, d in units.items()} for kind, units in by_kind.items()}
+        for stage, by_kind in found.items()
+    }
+    with stage_run("code", tracking_experiment(), {"code": short}), atomic_file(CODE_DIGESTS) as out:
         out.write("# written by `python -m stages.code` (dvc.yaml's stage `code`): see stages/code.py\n")
-        yaml.safe_dump(digests(stages), out, sort_keys=False)
+        yaml.safe_dump(found, out, sort_keys=False)
 
 
 if __name__ == "__main__":

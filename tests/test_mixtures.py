@@ -113,7 +113,7 @@ def test_no_component_makes_a_row_wider_than_the_max_len_it_was_checked_against(
         (
             {"arch": "encoder_decoder", "objective": "ul2"},
             {"ul2": {"components": {"r": {"objective": "span", "args": {"noise_density": 1.5}}}}},
-            "objectives.ul2: components.r.args: noise_density: 1.5 must be < 1.0",
+            "objectives.ul2: components.r.args.noise_density=1.5: Input should be less than 1",
         ),
         (
             {"arch": "encoder_decoder", "objective": "ul2"},
@@ -123,7 +123,7 @@ def test_no_component_makes_a_row_wider_than_the_max_len_it_was_checked_against(
         (
             {"arch": "encoder_decoder", "objective": "ul2"},
             {"ul2": {"components": {"s": {"objective": "lm", "args": {"noise_mask": "iid"}}}}},
-            "objectives.ul2: components.s.args:",
+            "objectives.ul2: components.s.args.noise_mask: unknown key",
         ),
     ],
 )

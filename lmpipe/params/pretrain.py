@@ -12,16 +12,23 @@ from lmpipe.params.models import ModelsSections
 from lmpipe.params.schema import Fraction, Strict, _problems
 from models.specs.architectures import ARCHITECTURES
 from models.specs.input_formats import PAIR_FORMATS, InputFormat
-from models.specs.objectives import OBJECTIVES, ObjectiveParams
+from models.specs.objectives import OBJECTIVES, ObjectiveParams, ObjectiveSpec
 
 
 def _section_model(name: str) -> type[Strict]:
     """The schema of `objectives.<name>`: the objective's params dataclass, its fields' metadata the
     bounds and description, its `check` the rules across fields."""
-    params = OBJECTIVES[name].Params
+    return _schema(OBJECTIVES[name])
+
+
+@cache
+def _schema(objective: ObjectiveSpec) -> type[Strict]:
+    params = objective.Params
     hints = get_type_hints(params)
 
     def _rules(section: Strict) -> Strict:
+        if objective.kind is None:  # a mixture: each component's params against its own schema
+            _components_in_bounds(section.model_dump()["components"])
         params(**section.model_dump()).check()
         return section
 
@@ -31,6 +38,21 @@ def _section_model(name: str) -> type[Strict]:
         __validators__={"_rules": model_validator(mode="after")(_rules)},
         **{f.name: (hints[f.name], _field(f)) for f in fields(params)},
     )
+
+
+def _components_in_bounds(components: Any) -> None:
+    """Each mixture component's `args` validated by its objective's section schema (the one place bounds
+    are checked); what is not a component (models/specs/objectives/mixture.py says) is left to its check."""
+    if not isinstance(components, dict):
+        return
+    for name, component in components.items():
+        objective = OBJECTIVES.get(component.get("objective")) if isinstance(component, dict) else None
+        if objective is None or objective.kind is None:
+            continue
+        try:
+            _section_model(objective.name).model_validate(component.get("args") or {})
+        except ValidationError as exc:
+            raise ValueError(_problems(exc, f"components.{name}.args")) from None
 
 
 def _field(spec: Any) -> Any:

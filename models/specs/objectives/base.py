@@ -6,8 +6,8 @@ implementation computes)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, fields
-from typing import ClassVar, Literal, get_args, get_origin, get_type_hints
+from dataclasses import dataclass
+from typing import ClassVar
 
 from models.pair import PairKind
 
@@ -20,31 +20,6 @@ class ObjectiveParams:
 
     def check(self) -> None:
         """Rules across fields: a ValueError says which is broken."""
-
-    def validate(self) -> None:
-        """Each field within its metadata's bounds and, if a Literal, one of its values (what the
-        params schema checks, for params given elsewhere: a mixture's components)."""
-        hints = get_type_hints(type(self))
-        for spec in fields(self):
-            value, bounds = getattr(self, spec.name), spec.metadata
-            if value is None:  # an optional field left unset: no bound applies
-                continue
-            if get_origin(hints[spec.name]) is Literal and value not in get_args(hints[spec.name]):
-                raise ValueError(
-                    f"{spec.name}: {value!r} is not one of {', '.join(get_args(hints[spec.name]))}"
-                )
-            broken = [
-                f"{word} {bounds[key]}"
-                for key, word, holds in (
-                    ("gt", ">", lambda v, b: v > b),
-                    ("ge", ">=", lambda v, b: v >= b),
-                    ("lt", "<", lambda v, b: v < b),
-                    ("le", "<=", lambda v, b: v <= b),
-                )
-                if key in bounds and not holds(value, bounds[key])
-            ]
-            if broken:
-                raise ValueError(f"{spec.name}: {value!r} must be {' and '.join(broken)}")
 
 
 def check_replacement_split(mask_fraction: float, random_fraction: float) -> None:

@@ -57,8 +57,7 @@ def resolved(
         except TypeError as exc:
             raise ValueError(f"{where}.args: {exc}") from None
         try:
-            params.validate()
-            params.check()
+            params.check()  # its bounds: the params schema checks them (lmpipe/params/pretrain.py)
         except ValueError as exc:
             raise ValueError(f"{where}.args: {exc}") from None
         if objective.has_head(params):  # PretrainModule builds the model's objective's head only

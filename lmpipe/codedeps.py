@@ -42,6 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("stages", "models", "lmpipe")
 OUTPUT_NEUTRAL = ("lmpipe.tracking", "lmpipe.codedeps", "lmpipe.params.project")  # see the module's docstring
 LOADERS = ("models.implementations", "models.architectures.base")  # see the module's docstring
+# code.yaml's digests tell DVC that code changed, nothing more: 64 bits are plenty, and they keep the
+# columns `dvc exp show` prints for them narrow
+DIGITS = 16
 CODE_STAGE = "stages.code"  # writes each model's own code (`digests`) to layout.CODE_DIGESTS
 REGISTRIES = ("models.specs.objectives", "models.specs.architectures")  # the declarations' imports
 _COMMAND = re.compile(r"\bpython -m ([\w.]+)")
@@ -239,13 +242,13 @@ def unit_params(stage: str) -> dict[str, list[str]]:
 
 def digests(stages: Iterable[str]) -> dict[str, dict[str, dict[str, str]]]:
     """Stage over `models` (its module `stages.<stage>`) -> `objectives` | `architectures` -> name ->
-    the sha256 of the files that unit adds to the stage's own code (what `python -m stages.code`
-    writes to code.yaml)."""
+    the sha256 of the files that unit adds to the stage's own code, its first DIGITS hex digits (what
+    `python -m stages.code` writes to code.yaml)."""
     found: dict[str, dict[str, dict[str, str]]] = {}
     for stage in stages:
         for kind, name in units():
             files = unit_files(f"stages.{stage}", (kind, name))
-            found.setdefault(stage, {}).setdefault(kind, {})[name] = _digest(files)
+            found.setdefault(stage, {}).setdefault(kind, {})[name] = _digest(files)[:DIGITS]
     return found
 
 

@@ -1,9 +1,10 @@
 """Stage `code`: each model's own code, for DVC. Writes `code.yaml`: for every stage over `models` (its
 arguments: dvc.yaml's `foreach: ${models}` stages), for every registered objective and architecture,
-the sha256 of the files that unit adds to the stage's own code (lmpipe/codedeps.py). Those stages list
-their model's two keys under `params:`, so that an edit to one objective's or architecture's modules
-re-runs only the models that use it, and their own deps name only the code every model runs. Its
-MLflow run logs the digests' first 12 digits.
+a digest (sha256, its first 16 hex digits) of the files that unit adds to the stage's own code
+(lmpipe/codedeps.py). Those stages list their model's two keys under `params:`, so that an edit to one
+objective's or architecture's modules re-runs only the models that use it, and their own deps name
+only the code every model runs. Its MLflow run logs the digests as params: which objective's or
+architecture's code changed between two runs.
 """
 
 from __future__ import annotations
@@ -31,12 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("stages", nargs="+", help="dvc.yaml's stages over `models`")
     stages = parser.parse_args(argv).stages
     found = digests(stages)
-    # MLflow's compare view shows which objective's or architecture's code changed between two runs
-    short = {
-        stage: {kind: {name: d[:12] for name, d in units.items()} for kind, units in by_kind.items()}
-        for stage, by_kind in found.items()
-    }
-    with stage_run("code", tracking_experiment(), {"code": short}), atomic_file(CODE_DIGESTS) as out:
+    with stage_run("code", tracking_experiment(), {"code": found}), atomic_file(CODE_DIGESTS) as out:
         out.write("# written by `python -m stages.code` (dvc.yaml's stage `code`): see stages/code.py\n")
         yaml.safe_dump(found, out, sort_keys=False)
 

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.config import PRESETS, ModelConfig  # noqa: E402
 from models.flops import count_step_flops, peak_flops  # noqa: E402
-from models.lightning import PretrainModule, TrainConfig, make_batch  # noqa: E402
 from models.objectives.base import batch_generator  # noqa: E402
+from models.pretraining import PretrainModule, TrainConfig, make_batch  # noqa: E402
 from models.specs.architectures import ARCHITECTURES  # noqa: E402
 from models.specs.objectives import OBJECTIVES  # noqa: E402
 

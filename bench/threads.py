@@ -30,7 +30,7 @@ sys.path.insert(0, {root!r})
 from lmpipe.params.pretrain import objectives_params, PretrainParams
 from lmpipe.pretraining import train_config
 from models.config import PRESETS, ModelConfig
-from models.lightning import PretrainModule, make_batch
+from models.pretraining import PretrainModule, make_batch
 from models.objectives.base import batch_generator
 
 torch.manual_seed(0)

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmpipe.params.pretrain import PretrainParams, objectives_params  # noqa: E402
 from lmpipe.pretraining import train_config  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
-from models.lightning import PretrainModule, make_batch  # noqa: E402
 from models.objectives.base import batch_generator
+from models.pretraining import PretrainModule, make_batch  # noqa: E402
 
 # vocabulary, width, layers, heads, feed-forward width, sequence, batch: the measured size, and one for
 # a smoke run (tests/test_bench.py)

@@ -97,8 +97,8 @@ def training_rate(params: Params, name: str, steps: int = 4) -> float:
     from lmpipe.pretraining import train_config
     from lmpipe.runtime import training_threads
     from models.flops import count_step_flops
-    from models.lightning import PretrainModule, make_batch
     from models.objectives.base import batch_generator
+    from models.pretraining import PretrainModule, make_batch
     from models.training import resolve_precision
 
     vocab, run = params.tokenizer.vocab_size, params.pretrain_of(name)

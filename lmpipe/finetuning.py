@@ -1,7 +1,8 @@
 """What stage `finetune@<model>` is made of: the task's examples encoded, the backbone (pretrained or
 from scratch), the recipe as the fine-tuning loop's config, the predictions of every evaluation split,
 and the fine-tunes themselves as jobs: one per (task, seed), each a pure function of what its digest
-covers, run in this process or in worker processes of a fixed thread count each."""
+covers, run in this process or in worker processes of a fixed thread count each (models/finetuning.py:
+the loop, models/finetune_data.py: the examples' encoding)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def check_tokenizer(name: str, tokenizer_sha: str) -> None:
 def finetune_config(recipe: FinetuneTaskParams, common: FinetuneCommonParams, seed: int) -> Any:
     """params.yaml -> one seed's fine-tuning config: the fields of the task's recipe and of
     `finetune.common` that it has, by name."""
-    from models.finetune import FinetuneConfig
+    from models.finetuning import FinetuneConfig
 
     wanted = {f.name for f in fields(FinetuneConfig)}
     return FinetuneConfig(seed=seed, **recipe.model_dump(include=wanted), **common.model_dump(include=wanted))
@@ -150,7 +151,7 @@ def examples(task: GlueTask, recipe: FinetuneTaskParams, seed: int) -> Examples:
 
 def predict_splits(head: Any, data: Examples, common: FinetuneCommonParams, out: Path) -> dict[str, float]:
     """Predictions of every evaluation split into `out/<split>.parquet`; the loss of each split."""
-    from models.finetune import predict
+    from models.finetuning import predict
 
     out.mkdir()
     losses = {}
@@ -214,7 +215,7 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
     """Fine-tune, then write the predictions of every evaluation split and `result.json` into `out`,
     whole or not at all. Returns the result with the loss of every step and the seconds it took, or
     {"error": ...} when the loss diverged."""
-    from models.finetune import finetune
+    from models.finetuning import finetune
     from models.heads import SequenceHead
     from models.training import NonFiniteLoss
 

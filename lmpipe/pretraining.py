@@ -1,6 +1,6 @@
 """A pretraining run, what stage `pretrain@<model>` calls (`pretrain`): params.yaml as the Lightning
 module's config and a step budget, the Trainer, exact resume, the exported weights, the metrics and
-the loss curve (models/lightning.py: the module and its data)."""
+the loss curve (models/pretraining.py: the module and its data)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from lmpipe.tracking import WEIGHTS_TAG, flatten, lightning_logger, tracking_exp
 
 def train_config(arch: str, objective: str, pretrain: PretrainParams, objectives: Any, seed: int) -> Any:
     """params.yaml -> the Lightning module's config: the fields of `pretrain` it has, by name."""
-    from models.lightning import TrainConfig
+    from models.pretraining import TrainConfig
 
     shared = {f.name for f in fields(TrainConfig)} & set(PretrainParams.model_fields)
     return TrainConfig(
@@ -233,7 +233,7 @@ def trainer_for(run: PretrainParams, max_steps: int, resume_dir: Path, logger: A
     import lightning as L
     from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
 
-    from models.lightning import StepCheckpoint
+    from models.pretraining import StepCheckpoint
 
     # in a terminal, a bar that reads the loss (a wait for the GPU) at the log steps, not at every step
     bar = [TQDMProgressBar(refresh_rate=run.log_every)] if os.isatty(2) else []
@@ -340,7 +340,7 @@ def pretrain(name: str, params: PretrainSections) -> None:
     import torch
     from lightning.pytorch.utilities import rank_zero_only
 
-    from models.lightning import PretrainModule
+    from models.pretraining import PretrainModule
     from models.training import NonFiniteLoss
 
     plan = prepared(name, params)
@@ -419,8 +419,8 @@ def _data(name: str, plan: Prepared, trainer: Any, module: Any) -> Any:
     import torch
 
     from models.flops import peak_flops
-    from models.lightning import TokenDataModule
     from models.pieces import piece_tables
+    from models.pretraining import TokenDataModule
     from models.specs.objectives import OBJECTIVES
 
     run, train_cfg, meta = plan.run, plan.train_cfg, plan.meta

@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from models import implementations
 from models.architectures.base import architecture
 from models.config import ModelConfig
-from models.lightning import PretrainModule, TrainConfig
+from models.pretraining import PretrainModule, TrainConfig
 from models.specs.architectures import ARCHITECTURES
 from models.specs.objectives import OBJECTIVES, ObjectiveSpec
 from models.specs.objectives.base import ObjectiveParams

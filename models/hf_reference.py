@@ -14,7 +14,7 @@ from models.special import SPECIAL
 
 if TYPE_CHECKING:
     from models.config import ModelConfig
-    from models.lightning import PretrainModule
+    from models.pretraining import PretrainModule
 
 
 def electra_config(cfg: ModelConfig, hidden: int, heads: int, d_ff: int) -> Any:

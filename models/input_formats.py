@@ -1,7 +1,7 @@
 """RoBERTa's input formats (its Table 2), built from the packed tokens and `pack.sentences`' index.
 
 `full_sentences` is the packed stream cut into windows, across documents (what every other format
-compares with, and what pretraining reads without an index: models/lightning.py). The others need to
+compares with, and what pretraining reads without an index: models/pretraining.py). The others need to
 know where documents and sentences start:
 
 - `doc_sentences`: whole sentences of one document from a random sentence on, as many as fit; a row

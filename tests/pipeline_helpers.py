@@ -66,8 +66,8 @@ def packed_batches(
     import numpy as np
     import torch
 
-    from models.lightning import make_batch
     from models.objectives.base import batch_generator
+    from models.pretraining import make_batch
 
     meta = json.loads((project / "data/tokens/meta.json").read_text())
     tokens = np.memmap(project / f"data/tokens/{split}.bin", dtype=meta["dtype"], mode="r")

@@ -36,9 +36,9 @@ def test_the_closure_follows_every_import_and_nothing_else() -> None:
     finetune = code_files("stages.finetune")
     assert "models/heads.py" in finetune  # imported inside main(): it runs when the stage does
     assert {"lmpipe/runtime.py", "models/transformer.py"} <= set(finetune)
-    assert "models/lightning.py" not in finetune
+    assert "models/pretraining.py" not in finetune
     pretrain = code_files("stages.pretrain")
-    assert "models/lightning.py" in pretrain and "models/heads.py" not in pretrain
+    assert "models/pretraining.py" in pretrain and "models/heads.py" not in pretrain
     assert not any(path.startswith(("tests/", "flows/")) for path in code_files("stages.evaluate"))
     with pytest.raises(ValueError, match="not a module of the project"):
         code_files("numpy")
@@ -54,7 +54,7 @@ def test_the_closure_follows_every_import_and_nothing_else() -> None:
             "stages.tokenizer.deps: missing lmpipe/data/splitting.py",
         ),
         ("evaluate", None, "stages/finetune.py", "stages.evaluate.deps: stages/finetune.py is not imported"),
-        ("pretrain", "models/lightning.py", None, "stages.pretrain.deps: missing models/lightning.py"),
+        ("pretrain", "models/pretraining.py", None, "stages.pretrain.deps: missing models/pretraining.py"),
     ],
 )
 def test_a_missing_or_extra_code_dep_is_reported(
@@ -209,12 +209,12 @@ SHAPE = {
         f"models/architectures/{module}.py": {"code", "export"}
         for module in ("encoder", "decoder", "prefix_lm", "encoder_decoder")
     },
-    "models/lightning.py": {"pretrain"},
+    "models/pretraining.py": {"pretrain"},
     "models/flops.py": {"pretrain"},
     "models/implementations.py": {"pretrain", "code"},  # the objectives' loader
     "models/pieces.py": {"pretrain"},  # the piece tables the objectives read
     "models/training.py": {"pretrain", "finetune", "code"},  # the seeds of batches and fine-tunes
-    "models/finetune.py": {"finetune"},
+    "models/finetuning.py": {"finetune"},
     "models/finetune_data.py": {"finetune"},
     "models/heads.py": {"finetune"},
     "models/hf.py": {"export"},

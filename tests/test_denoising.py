@@ -14,9 +14,9 @@ from lmpipe.pretraining import train_config
 from lmpipe.runtime import StageError
 from models import implementations
 from models.config import ModelConfig
-from models.lightning import make_batch
 from models.objectives.base import batch_generator
 from models.objectives.noise import iid_noise_mask
+from models.pretraining import make_batch
 from models.special import SPECIAL
 from models.specs.objectives import OBJECTIVES, ObjectiveParams
 from models.specs.objectives.noise import noise_count

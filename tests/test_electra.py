@@ -18,9 +18,9 @@ from lmpipe.params.project import parse_params
 from lmpipe.pretraining import summarise, train_config
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
-from models.lightning import PretrainModule, make_batch
 from models.objectives.base import batch_generator
 from models.objectives.electra import collapse_measures, generator_config, replace_tokens
+from models.pretraining import PretrainModule, make_batch
 from models.special import SPECIAL
 from tests.pipeline_helpers import packed_batches
 from tests.test_pairs import assert_learns

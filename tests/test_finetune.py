@@ -9,8 +9,8 @@ import torch
 from lmpipe.finetuning import finetune_config
 from lmpipe.params.finetune import FinetuneCommonParams, FinetuneTaskParams
 from models.config import ModelConfig
-from models.finetune import FinetuneConfig, epoch_batches, finetune, predict, warmup_linear
 from models.finetune_data import encode_pair, pad_batch
+from models.finetuning import FinetuneConfig, epoch_batches, finetune, predict, warmup_linear
 from models.heads import SequenceHead
 from models.training import NonFiniteLoss, resolve_precision
 from models.transformer import Transformer
@@ -161,7 +161,7 @@ def test_a_diverging_loss_stops_with_the_step() -> None:
 def test_the_losses_are_read_from_the_device_every_n_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """The host reads the losses in one transfer per READ_LOSSES_EVERY steps, not one per step; what it
     reads is what a per-step read gave, and a loss that overflows is reported with its own step."""
-    import models.finetune as fine
+    import models.finetuning as fine
 
     reads = []
 

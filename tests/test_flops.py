@@ -15,7 +15,7 @@ from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import ModelConfig
 from models.flops import SCHEDULE_FIELDS, _count_step_flops, count_step_flops, estimate_step_flops, peak_flops
-from models.lightning import PretrainModule, make_batch
+from models.pretraining import PretrainModule, make_batch
 
 ARCHS = [("encoder", "mlm"), ("decoder", "clm"), ("encoder_decoder", "span")]
 VARIANTS = [
@@ -128,7 +128,7 @@ def test_training_logs_flops_per_second_and_mfu_against_a_peak(tmp_path) -> None
     import pandas as pd
     from lightning.pytorch.loggers import CSVLogger
 
-    from models.lightning import TokenDataModule
+    from models.pretraining import TokenDataModule
 
     model, train = configs("decoder", "clm", VARIANTS[0])
     np.random.default_rng(0).integers(107, 1000, 20_000, dtype=np.uint16).tofile(tmp_path / "train.bin")

@@ -20,7 +20,7 @@ from lmpipe.runtime import StageError
 from models.config import ModelConfig
 from models.flops import estimate_step_flops
 from models.input_formats import SentenceIndex, format_rows
-from models.lightning import PackedBatches, PretrainModule
+from models.pretraining import PackedBatches, PretrainModule
 from models.special import SPECIAL
 from models.transformer import segment_ids
 from tests.test_pairs import assert_learns

@@ -10,8 +10,8 @@ from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
-from models.lightning import PretrainModule, make_batch
 from models.objectives.base import batch_generator
+from models.pretraining import PretrainModule, make_batch
 from models.special import SPECIAL
 from tests.test_pairs import assert_learns
 from tests.test_params import assert_params_error

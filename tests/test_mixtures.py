@@ -18,8 +18,8 @@ from models import implementations
 from models.architectures.base import architecture
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
-from models.lightning import PretrainModule, make_batch
 from models.objectives.base import batch_generator
+from models.pretraining import PretrainModule, make_batch
 from models.special import SPECIAL
 from models.specs.objectives import OBJECTIVES
 

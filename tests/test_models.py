@@ -199,8 +199,8 @@ def test_alibi_and_relative_positions_are_the_papers_own() -> None:
 def test_attention_bias_positions_train_and_their_flops_are_counted(arch, objective, positions) -> None:
     from lmpipe.params.pretrain import PretrainParams, objectives_params
     from lmpipe.pretraining import train_config
-    from models.lightning import make_batch
     from models.objectives.base import batch_generator
+    from models.pretraining import make_batch
     from tests.test_pairs import assert_learns, rows
 
     train = train_config(arch, objective, PretrainParams(seq_len=24, batch_size=4), objectives_params(), 2)

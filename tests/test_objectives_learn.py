@@ -19,8 +19,8 @@ import torch
 from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import PRESETS, ModelConfig
-from models.lightning import PretrainModule
 from models.pieces import piece_tables
+from models.pretraining import PretrainModule
 from models.specs.objectives import OBJECTIVES
 from tests.pipeline_helpers import packed_batches
 from tests.workdir import Workdir

@@ -14,7 +14,7 @@ import torch
 from lmpipe import pretraining
 from lmpipe.params.pretrain import PretrainParams, objectives_params
 from models.config import ModelConfig
-from models.lightning import PackedBatches, PretrainModule, TrainConfig
+from models.pretraining import PackedBatches, PretrainModule, TrainConfig
 from models.transformer import weight_decay_groups
 
 VOCAB = 300

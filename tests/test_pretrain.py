@@ -347,7 +347,7 @@ def test_step_checkpoints_hold_their_validation_and_a_resumed_run_writes_only_la
     validates its step again nor writes its checkpoint again."""
     import lightning as L
 
-    from models.lightning import StepCheckpoint
+    from models.pretraining import StepCheckpoint
 
     class Toy(L.LightningModule):
         def __init__(self) -> None:
@@ -461,7 +461,7 @@ def test_a_run_holds_its_checkpoint_folder_alone_and_deletes_it_once_finished(
 
 @pytest.mark.parametrize("sampling", ["random", "epoch"])
 def test_batches_are_a_function_of_the_step(tmp_path: Path, sampling: str) -> None:
-    from models.lightning import PackedBatches
+    from models.pretraining import PackedBatches
 
     tokens = np.arange(107, 107 + 64 * 9, dtype=np.uint16)  # 64 rows of 9 tokens (CLM, seq_len 8)
     tokens.tofile(tmp_path / "train.bin")
@@ -569,7 +569,7 @@ def test_torch_compile_switch(encoder_only: Workdir) -> None:
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import counters
 
-    from models.lightning import token_loss
+    from models.pretraining import token_loss
     from models.transformer import Transformer
 
     losses = []
@@ -600,7 +600,7 @@ def test_a_training_step_never_reads_a_tensor_on_the_host(
     """What would make the CPU wait for the GPU at every step: `.item()`, `float()`, a Python `if` on a
     tensor, `.tolist()`, `.cpu()`. The losses are read at the log boundary, in one transfer, and the
     first one that is not finite is reported with its step."""
-    from models.lightning import PretrainModule, make_batch
+    from models.pretraining import PretrainModule, make_batch
     from models.training import NonFiniteLoss
     from tests.test_flops import VARIANTS, configs
 

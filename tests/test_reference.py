@@ -17,9 +17,9 @@ from models import implementations
 from models.config import ModelConfig
 from models.hf import _embeddings, _encoder_layers, _gpt2, lm_transform_tensors
 from models.hf_reference import electra_pair
-from models.lightning import PretrainModule
 from models.objectives.base import batch_generator
 from models.objectives.electra import replace_tokens
+from models.pretraining import PretrainModule
 from models.special import SPECIAL
 from models.specs.objectives import ObjectiveParams
 from models.transformer import Transformer, segment_ids

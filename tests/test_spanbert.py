@@ -14,9 +14,9 @@ from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import ModelConfig
 from models.flops import count_step_flops, estimate_step_flops
-from models.lightning import make_batch
 from models.objectives.base import batch_generator
 from models.objectives.spanbert import geometric_lengths, mask_spans, word_starts_of
+from models.pretraining import make_batch
 from models.special import SPECIAL
 from tests.pipeline_helpers import run_stages
 from tests.test_pairs import assert_learns

@@ -15,8 +15,8 @@ from lmpipe.params.schema import parse
 from lmpipe.pretraining import train_config
 from lmpipe.runtime import StageError
 from models.config import ModelConfig
-from models.lightning import PackedBatches
 from models.pair import Pair, stacked_pairs
+from models.pretraining import PackedBatches
 from models.special import SPECIAL
 from tests.test_pairs import assert_learns
 

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.pretraining import train_config
 from models.config import PRESETS, ModelConfig
-from models.lightning import PretrainModule, lr_factor, make_batch
 from models.objectives.base import batch_generator
 from models.objectives.electra import collapse_measures, replace_tokens
+from models.pretraining import PretrainModule, lr_factor, make_batch
 from models.transformer import weight_decay_groups
 
 

@@ -88,7 +88,7 @@ class UL2Params(UniLMParams):
 
 
 class Mixture(ObjectiveSpec):
-    """A mixture: its components make the batches (models/lightning.py: make_batch draws one per
+    """A mixture: its components make the batches (models/pretraining.py: make_batch draws one per
     micro-batch), its FLOPs are theirs by share (models/flops.py)."""
 
     kind, implementation = None, None

@@ -72,8 +72,12 @@ def _type_checking_only(node: ast.AST) -> bool:
 
 def imports(path: Path, source: str) -> set[str]:
     """Every module `source`, the file at `path` (relative to the root), may import, wherever the
-    import stands (but under `if TYPE_CHECKING:`, which never runs)."""
+    import stands (but under `if TYPE_CHECKING:`, which never runs), and those it reads as source."""
     tree = ast.parse(source, str(path))
+    return _imports(path, tree) | _source_reads(tree)
+
+
+def _imports(path: Path, tree: ast.Module) -> set[str]:
     package = ".".join(path.parent.parts)
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -89,27 +93,32 @@ def imports(path: Path, source: str) -> set[str]:
                 base = ".".join([*anchor, *([base] if base else [])])
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)  # `from models import heads`
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            getattr(t, "id", None) == "READS_SOURCE_OF" for t in node.targets
-        ):
-            found.update(ast.literal_eval(node.value))
     return found
 
 
-def neutral_to(module: str) -> tuple[str, ...]:
-    """OUTPUT_NEUTRAL, but for the stage that writes the code digests with this module's functions."""
-    return tuple(name for name in OUTPUT_NEUTRAL if module != CODE_STAGE or name != "lmpipe.codedeps")
-
-
-def _source_reads(source: str) -> set[str]:
+def _source_reads(tree: ast.Module) -> set[str]:
     """The modules a file names in `READS_SOURCE_OF`: it reads them whole, every registered unit included."""
-    for node in ast.parse(source).body:
+    for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             getattr(t, "id", None) == "READS_SOURCE_OF" for t in node.targets
         ):
             return set(ast.literal_eval(node.value))
     return set()
+
+
+@cache
+def _parsed(path: Path) -> tuple[bool, frozenset[str], frozenset[str]]:
+    """A project file, read and parsed once a process: (whether it has content, what it may import,
+    what it reads as source). The closures of every stage and unit share it."""
+    source = (ROOT / path).read_text(encoding="utf-8")
+    tree = ast.parse(source, str(path))
+    reads = _source_reads(tree)
+    return bool(source.strip()), frozenset(_imports(path, tree) | reads), frozenset(reads)
+
+
+def neutral_to(module: str) -> tuple[str, ...]:
+    """OUTPUT_NEUTRAL, but for the stage that writes the code digests with this module's functions."""
+    return tuple(name for name in OUTPUT_NEUTRAL if module != CODE_STAGE or name != "lmpipe.codedeps")
 
 
 @cache
@@ -121,7 +130,7 @@ def _closure(module: str, split: bool) -> tuple[str, ...]:
     if module_path(module) is None:
         raise ValueError(f"{module}: not a module of the project's packages ({', '.join(PACKAGES)})")
     unit_modules = {name for modules in units().values() for name in modules} if split else set()
-    sources: dict[Path, str] = {}
+    reached_files: set[Path] = set()
     whole_read: set[Path] = set()
     todo = [(module, False)]  # (module, reached through a READS_SOURCE_OF: its units all count)
     while todo:
@@ -132,18 +141,18 @@ def _closure(module: str, split: bool) -> tuple[str, ...]:
         for depth in range(1, len(parts) + 1):  # a module's packages run first
             package = ".".join(parts[:depth])
             path = module_path(package)
-            if path is None or (path in sources and (path in whole_read or not whole)):
+            if path is None or (path in reached_files and (path in whole_read or not whole)):
                 continue
-            sources[path] = (ROOT / path).read_text(encoding="utf-8")
+            reached_files.add(path)
             if whole:
                 whole_read.add(path)
-            reached = imports(path, sources[path]) | set(implementations(package))
+            _, imported, reads = _parsed(path)
+            reached = imported | set(implementations(package))
             if not whole and package in REGISTRIES + LOADERS:
                 reached -= unit_modules
-            reads = _source_reads(sources[path])
             todo.extend((target, whole or target in reads) for target in reached)
     # an empty __init__.py runs nothing: it joins the closure once it has content
-    return tuple(sorted(path.as_posix() for path, source in sources.items() if source.strip()))
+    return tuple(sorted(path.as_posix() for path in reached_files if _parsed(path)[0]))
 
 
 def code_files(module: str) -> tuple[str, ...]:
@@ -278,8 +287,8 @@ def disagreements(dvc_file: Path = ROOT / "dvc.yaml") -> list[str]:
             problems.append(
                 f"{dvc_file.name}: stages.{stage}.params: missing {wanted} (its model's own code)"
             )
-    code = next((body["cmd"] for body in dvc["stages"].values() if CODE_STAGE in str(body.get("cmd"))), None)
-    if code is not None and code != code_command(dvc):
+    code = next((stage for stage, module in stage_modules(dvc).items() if module == CODE_STAGE), None)
+    if code is not None and dvc["stages"][code]["cmd"] != code_command(dvc):
         problems.append(f"{dvc_file.name}: the code stage's cmd is not `{code_command(dvc)}`")
     return problems
 

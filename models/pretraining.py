@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +23,7 @@ from models import implementations
 from models.architectures.base import architecture
 from models.config import ModelConfig
 from models.input_formats import Rows, SentenceIndex, format_rows
-from models.objectives.base import Terms, batch_generator
+from models.objectives.base import Pieces, Terms, batch_generator
 from models.pair import Pair, stacked_pairs
 from models.specs.input_formats import PAIR_FORMATS, InputFormat
 from models.specs.objectives import OBJECTIVES, ObjectiveParams
@@ -83,7 +83,7 @@ def make_batch(
     vocab_size: int,
     row_epochs: list[tuple[int, int]] | None = None,
     formatted: Rows | None = None,
-    pieces: Mapping[str, Tensor] | None = None,
+    pieces: Pieces | None = None,
 ) -> dict[str, Tensor]:
     """The objective's pair of the rows, as the architecture's batch; a mixture's component drawn by
     its share from the batch's stream first, the rows cut to the length it reads. With static masking
@@ -146,7 +146,7 @@ class PackedBatches(IterableDataset):
         stop: int,
         rank: int = 0,
         world_size: int = 1,
-        pieces: Mapping[str, Tensor] | None = None,
+        pieces: Pieces | None = None,
     ) -> None:
         self.path, self.dtype, self.cfg, self.vocab_size = path, dtype, cfg, vocab_size
         self.pieces = pieces
@@ -202,7 +202,7 @@ class PackedBatches(IterableDataset):
 
 
 def validation_batches(
-    path: Path, dtype: str, cfg: TrainConfig, vocab_size: int, pieces: Mapping[str, Tensor] | None = None
+    path: Path, dtype: str, cfg: TrainConfig, vocab_size: int, pieces: Pieces | None = None
 ) -> list[dict[str, Tensor]]:
     tokens = np.memmap(path, dtype=dtype, mode="r")
     length = cfg.row_length()
@@ -239,7 +239,7 @@ class TokenDataModule(L.LightningDataModule):
         dtype: str,
         num_workers: int = 0,
         pin_memory: bool = False,
-        pieces: Mapping[str, Tensor] | None = None,
+        pieces: Pieces | None = None,
     ) -> None:
         super().__init__()
         self.tokens_dir, self.cfg, self.vocab_size, self.dtype = tokens_dir, cfg, vocab_size, dtype

@@ -15,14 +15,11 @@ from models.specs.input_formats import PAIR_FORMATS, InputFormat
 from models.specs.objectives import OBJECTIVES, ObjectiveParams, ObjectiveSpec
 
 
-def _section_model(name: str) -> type[Strict]:
-    """The schema of `objectives.<name>`: the objective's params dataclass, its fields' metadata the
-    bounds and description, its `check` the rules across fields."""
-    return _schema(OBJECTIVES[name])
-
-
 @cache
-def _schema(objective: ObjectiveSpec) -> type[Strict]:
+def _section_model(objective: ObjectiveSpec) -> type[Strict]:
+    """The schema of `objectives.<name>`: the objective's params dataclass, its fields' metadata the
+    bounds and description, its `check` the rules across fields (cached by the declaration: an
+    objective registered again gets its own)."""
     params = objective.Params
     hints = get_type_hints(params)
 
@@ -50,7 +47,7 @@ def _components_in_bounds(components: Any) -> None:
         if objective is None or objective.kind is None:
             continue
         try:
-            _section_model(objective.name).model_validate(component.get("args") or {})
+            _section_model(objective).model_validate(component.get("args") or {})
         except ValidationError as exc:
             raise ValueError(_problems(exc, f"components.{name}.args")) from None
 
@@ -64,7 +61,7 @@ def _field(spec: Any) -> Any:
 
 @cache
 def _objectives_model(registered: tuple[str, ...]) -> type[Strict]:
-    sections = {name: _section_model(name) for name in registered}
+    sections = {name: _section_model(OBJECTIVES[name]) for name in registered}
     return create_model(
         "ObjectivesParams", __base__=Strict, **{name: (model, model()) for name, model in sections.items()}
     )

@@ -160,6 +160,7 @@ class Budget:
     step budget is computed (the stage, the flows' plans and the equal-FLOPs presets read it)."""
 
     run: PretrainParams  # its max_steps the budget's steps, whether max_steps or max_flops set them
+    model_cfg: Any  # the model's config
     train_cfg: Any  # the Lightning module's config, the same steps
     flops: tuple[int, int]  # one micro-batch's forward and backward FLOPs: counted, estimated
     micro_batches: int  # a step's micro-batches over every process
@@ -189,7 +190,7 @@ def budget(params: PretrainSections, name: str, vocab_size: int) -> Budget:
     micro_batches = run.accumulate * world_size(run)
     steps = step_budget(name, params, run, flops[0] * micro_batches)
     run = run.model_copy(update={"max_steps": steps})
-    return Budget(run, replace(train_cfg, max_steps=steps), flops, micro_batches)
+    return Budget(run, model_cfg, replace(train_cfg, max_steps=steps), flops, micro_batches)
 
 
 def step_budget(name: str, params: PretrainSections, run: PretrainParams, flops_per_step: int) -> int:
@@ -300,16 +301,13 @@ def summarise(
 
 @dataclass
 class Prepared:
-    """A pretraining run as it will train: its params resolved (`auto` precision), its configs, the
-    packed data's meta and one micro-batch's FLOPs, counted and estimated."""
+    """A pretraining run as it will train: its params resolved (`auto` precision), the packed data's
+    meta and its budget (the configs, the steps, a micro-batch's FLOPs counted and estimated)."""
 
     variant: ModelParams
     run: PretrainParams
     meta: dict[str, Any]
-    model_cfg: Any
-    train_cfg: Any
-    flops: tuple[int, int]
-    micro_batches: int
+    budget: Budget
 
 
 def prepared(name: str, params: PretrainSections) -> Prepared:
@@ -330,8 +328,7 @@ def prepared(name: str, params: PretrainSections) -> Prepared:
         raise StageError("params.yaml: pretrain.accelerator=gpu: no CUDA device is visible")
     # `auto` resolved here, so the resume fingerprint and MLflow hold the precision that trains
     run = run.model_copy(update={"precision": resolve_precision(run.precision, train_device(run))})
-    model_cfg = variant.config(meta["vocab_size"])
-    return Prepared(variant, run, meta, model_cfg, planned.train_cfg, planned.flops, planned.micro_batches)
+    return Prepared(variant, run, meta, planned)
 
 
 def pretrain(name: str, params: PretrainSections) -> None:
@@ -344,18 +341,18 @@ def pretrain(name: str, params: PretrainSections) -> None:
     from models.training import NonFiniteLoss
 
     plan = prepared(name, params)
-    run, train_cfg = plan.run, plan.train_cfg
+    run, train_cfg = plan.run, plan.budget.train_cfg
     _quiet_lightning()
     # resume: the checkpoints of an interrupted run with the same fingerprint, if one left them
     unshaping = {"max_minutes", "num_workers"}  # a wall-clock guard; which processes build the batches
-    shaping = (plan.model_cfg.to_dict(), train_cfg.hparams(), run.model_dump(exclude=unshaping))
+    shaping = (plan.budget.model_cfg.to_dict(), train_cfg.hparams(), run.model_dump(exclude=unshaping))
     code = (train_cfg.objective, train_cfg.arch)
     run_fingerprint = fingerprint(*code, *shaping, plan.meta["tokenizer_sha256"], plan.meta["train"])
     resume_dir = resume_checkpoints(name, run_fingerprint)
     with resumable(resume_dir, run_fingerprint, rank_zero_only.rank == 0) as ckpt:
         logger = _tracked(name, params, plan, resume_dir, ckpt is not None)
         torch.manual_seed(params.seed)
-        module = PretrainModule(plan.model_cfg, train_cfg, compile=run.compile)
+        module = PretrainModule(plan.budget.model_cfg, train_cfg, compile=run.compile)
         trainer = trainer_for(run, train_cfg.max_steps, resume_dir, logger)
         data = _data(name, plan, trainer, module)
         log.info(
@@ -365,7 +362,7 @@ def pretrain(name: str, params: PretrainSections) -> None:
             plan.variant.objective,
             module.model.num_parameters() / 1e6,
             train_cfg.max_steps,
-            plan.flops[0] * plan.micro_batches,
+            plan.budget.step_flops,
             run.precision,
             f"resuming from {ckpt}" if ckpt else "from scratch",
         )
@@ -379,7 +376,7 @@ def pretrain(name: str, params: PretrainSections) -> None:
         minutes = (time.perf_counter() - started) / 60
         trainer.save_checkpoint(resume_dir / "last.ckpt")
         trainer.validate(module, datamodule=data, verbose=False)
-        summary = summarise(trainer, module, run, plan.variant.objective, plan.flops)
+        summary = summarise(trainer, module, run, plan.variant.objective, plan.budget.flops)
         state = trainer.strategy.lightning_module_state_dict()  # on every process: FSDP gathers its shards
         if trainer.is_global_zero:
             _write_outputs(name, plan, module, state, summary, minutes, logger)
@@ -408,7 +405,8 @@ def _tracked(name: str, params: PretrainSections, plan: Prepared, resume_dir: Pa
     logger = lightning_logger(tracking_experiment(), name, resume_dir / "mlflow_run_id", resumed, tags)
     if not resumed:
         logged = {"seed": params.seed, "model": variant.model_dump(exclude_none=True)}
-        logged |= {"objective": asdict(plan.train_cfg.objective_params), "pretrain": plan.run.model_dump()}
+        objective = asdict(plan.budget.train_cfg.objective_params)
+        logged |= {"objective": objective, "pretrain": plan.run.model_dump()}
         logger.log_hyperparams(flatten(logged))
     return logger
 
@@ -423,7 +421,7 @@ def _data(name: str, plan: Prepared, trainer: Any, module: Any) -> Any:
     from models.pretraining import TokenDataModule
     from models.specs.objectives import OBJECTIVES
 
-    run, train_cfg, meta = plan.run, plan.train_cfg, plan.meta
+    run, train_cfg, meta = plan.run, plan.budget.train_cfg, plan.meta
     on_gpu = trainer.strategy.root_device.type == "cuda"
     if on_gpu:
         torch.set_float32_matmul_precision("high")  # TF32 for the matmuls autocast leaves in fp32
@@ -434,10 +432,10 @@ def _data(name: str, plan: Prepared, trainer: Any, module: Any) -> Any:
     data = TokenDataModule(
         TOKENS, train_cfg, meta["vocab_size"], meta["dtype"], workers, pin_memory=on_gpu, pieces=pieces
     )
-    if trainer.world_size * run.accumulate != plan.micro_batches:
+    if trainer.world_size * run.accumulate != plan.budget.micro_batches:
         processes = f"{trainer.world_size} processes, not {world_size(run)}"
         raise StageError(f"pretrain@{name}: Lightning trains on {processes}")
-    module.step_flops = plan.flops[0]
+    module.step_flops = plan.budget.flops[0]
     if on_gpu:
         device = torch.cuda.get_device_name(trainer.strategy.root_device)
         module.peak_flops = peak_flops(device)
@@ -453,7 +451,7 @@ def _write_outputs(
     meta = plan.meta
     provenance = {"name": name, "objective": plan.variant.objective, "steps": summary["steps"]}
     provenance |= {"tokenizer_sha256": meta["tokenizer_sha256"], "synthetic": meta["synthetic"]}
-    export(plan.model_cfg, state, final_checkpoint(name), provenance)
+    export(plan.budget.model_cfg, state, final_checkpoint(name), provenance)
     # fine-tunes find this run by the digest of the weights they load (no run id in the outputs)
     logger.experiment.set_tag(logger.run_id, WEIGHTS_TAG, sha256_file(final_weights(name)))
     write_json(pretrain_metrics(name), summary)

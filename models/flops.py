@@ -62,7 +62,8 @@ def example_batch(train: TrainConfig, objective: ObjectiveSpec, params: Objectiv
     format's labels, for its head)."""
     widths = objective.widths(train.seq_len, params)
     batch = architecture(train.arch).example_batch(train.batch_size, objective.kind, *widths)
-    batch |= implementations.objective(objective.name).example_extras(len(batch["labels"]), params)
+    extras = implementations.objective(objective.name).example_extras
+    batch |= extras(train.batch_size, len(batch["labels"]), params)
     if train.pair_loss() != "none":
         batch["pair_labels"] = torch.zeros(train.batch_size, dtype=torch.long, device="meta")
     return batch

@@ -241,14 +241,27 @@ class Stack(nn.Module):
         causal: bool | None = None,
     ) -> Tensor:
         causal = self.causal if causal is None else causal  # a shared stack encodes bidirectionally
+        x, mask = self.entry(x, pad_mask, causal, prefix_lengths)
+        context_mask = None if context_pad_mask is None else context_pad_mask[:, None, None, :]
+        for block in self.blocks:
+            x = block(x, mask, causal and mask is None, rope, context, context_mask)
+        return self.exit(x)
+
+    def entry(
+        self, x: Tensor, pad_mask: Tensor | None, causal: bool, prefix_lengths: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """The first block's input (post-LN: normalised and dropped out) and the self-attention mask the
+        blocks share (None: SDPA's own causal or full attention): what a head that runs some of the
+        blocks itself starts from (multi-token prediction's trunk)."""
         mask = attention_mask(pad_mask, causal, x.shape[1], x.device, prefix_lengths)
         if self.position_bias is not None:
             mask = biased_mask(self.position_bias(x.shape[1], causal, x.device), mask, causal)
-        context_mask = None if context_pad_mask is None else context_pad_mask[:, None, None, :]
         if self.norms_input:
             x = self.input_drop(self.edge_norm(x))
-        for block in self.blocks:
-            x = block(x, mask, causal and mask is None, rope, context, context_mask)
+        return x, mask
+
+    def exit(self, x: Tensor) -> Tensor:
+        """The last block's output as the stack's: pre-LN, through its final norm."""
         return self.edge_norm(x) if self.pre_norm else x
 
 

@@ -212,7 +212,7 @@ def test_bad_model_params_fail_early(workdir: Workdir) -> None:
     assert result.stderr.strip() == (
         "error: params.yaml: models.odd.objective='mlm': does not fit arch 'decoder', whose converter "
         "takes sequence or targets_only pairs ('mlm' makes aligned ones; these fit: clm, lm, span, "
-        "bert_style, drop, deshuffle, bart)"
+        "bert_style, drop, deshuffle, bart, mtp)"
     )
     workdir.set("models", {"long": {"arch": "decoder", "objective": "clm", "preset": "tiny"}})
     workdir.set("pretrain.seq_len", 256)

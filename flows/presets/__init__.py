@@ -136,10 +136,23 @@ def on_segment_pairs(
 
 
 def _cards() -> dict[str, Card]:
-    from flows.presets import albert, bart, bert, electra, gpt, mae_lm, roberta, spanbert, systems, t5, unilm
+    from flows.presets import (
+        albert,
+        bart,
+        bert,
+        electra,
+        gpt,
+        mae_lm,
+        mtp,
+        roberta,
+        spanbert,
+        systems,
+        t5,
+        unilm,
+    )
 
     cards: dict[str, Card] = {}
-    for module in (bert, systems, t5, bart, roberta, albert, spanbert, mae_lm, electra, gpt, unilm):
+    for module in (bert, systems, t5, bart, roberta, albert, spanbert, mae_lm, electra, gpt, mtp, unilm):
         for card in module.CARDS:
             if card.preset in cards:
                 raise ValueError(f"preset {card.preset}: two cards")

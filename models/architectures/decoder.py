@@ -17,7 +17,7 @@ def lm_batch(pair: Pair) -> dict[str, Tensor]:
     """Inputs and targets in one row; each position predicts the next token, scored where that token
     is a target. A full targets-only pair is scored everywhere: no positions needed."""
     tokens, input_lengths, lengths = concatenate(pair)
-    batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
+    batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]} | (pair.extras or {})
     if pair.inputs.shape[1] == 0 and pair.target_lengths is None:
         return batch
     predicted = torch.arange(1, tokens.shape[1])[None, :]  # the column of the token each position predicts

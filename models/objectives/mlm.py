@@ -83,7 +83,7 @@ class MaskedLM(ObjectiveImplementation):
             return None
         return spanbert.boundary_head_flops(model, round(DECLARED.widths(seq_len, params)[2] * batch_size))
 
-    def example_extras(self, predicted: int, params: MLMParams) -> dict[str, Tensor]:
+    def example_extras(self, batch_size: int, predicted: int, params: MLMParams) -> dict[str, Tensor]:
         return spanbert.example_extras(predicted) if params.boundary_loss else {}
 
 

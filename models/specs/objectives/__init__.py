@@ -22,5 +22,6 @@ from models.specs.objectives import deshuffle as deshuffle
 from models.specs.objectives import bart as bart
 from models.specs.objectives import electra as electra
 from models.specs.objectives import mae_lm as mae_lm
+from models.specs.objectives import mtp as mtp
 from models.specs.objectives import mixture as mixture  # unilm, ul2
 # isort: on

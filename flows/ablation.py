@@ -59,6 +59,7 @@ from flows.sweep import (
 from lmpipe.layout import INITS
 from lmpipe.params.project import Params
 from lmpipe.params.schema import PARAMS_FILE, read_params_yaml
+from lmpipe.report import context
 from lmpipe.runtime import StageError
 
 Grid = dict[str, list[Any]] | list[dict[str, Any]]
@@ -531,6 +532,23 @@ def plot_losses(
     return png(fig, plt)
 
 
+def context_comparison(
+    points: Sequence[Point], results: Mapping[int, dict[str, Any]], baseline: Point, seed: int
+) -> pd.DataFrame:
+    """The points' validation losses by context length (pretrain.context_lengths) against the baseline
+    point's model (lmpipe/report/context.py); empty where no point measured them."""
+    contexts = {
+        (point.experiment, model): frame
+        for point in points
+        for model, frame in results.get(point.index, {}).get("contexts", {}).items()
+        if len(frame)
+    }
+    measured = [key for key in contexts if key[0] == baseline.experiment]
+    if not contexts or not measured:
+        return pd.DataFrame()
+    return context.comparison(contexts, measured[0], seed)
+
+
 @flow(name="ablation", log_prints=True)
 def ablation(
     preset: Annotated[str | None, Option(f"a named sweep: {', '.join(CARDS)}", positional=True)] = None,
@@ -641,6 +659,9 @@ def ablation(
             best,
             ours,
         )
+        by_context = context_comparison(points, results, points[base], seed)
+        if len(by_context):
+            report += context.markdown(by_context, f"point `{label(points[base].values, swept)}`")
         report += sweep.where_points_ran(points, results, failed)
         files = {
             "comparison.csv": table.to_csv(index=False),
@@ -648,6 +669,8 @@ def ablation(
             "glue.png": plot_scores(table, swept),
             "pretrain_loss.png": plot_losses(points, results, swept),
         }
+        if len(by_context):
+            files |= {"context.csv": by_context.to_csv(index=False), "context.png": context.plot(by_context)}
         if best is not None:
             files["best_of_each_init.csv"] = best.to_csv(index=False)
         if plan.card is not None:

@@ -53,7 +53,7 @@ from flows.common import (
 )
 from flows.dispatch import DISPATCH_TAG, Target, dispatch, pool_target
 from flows.pipeline import read_graph, visible_gpus
-from lmpipe.layout import GLUE_METRICS, PREDICTIONS, pretrain_curve, pretrain_metrics
+from lmpipe.layout import GLUE_METRICS, PREDICTIONS, pretrain_context, pretrain_curve, pretrain_metrics
 from lmpipe.params.project import Params
 from lmpipe.params.schema import PARAMS_FILE
 from lmpipe.tracking import FlowTracking, child_env, git_commit, tracking_experiment
@@ -343,17 +343,19 @@ def run_point_on_pool(repo_dir: Path, point: Point, target: Target, retries: int
 
 
 def outputs(repo_dir: Path, point: Point) -> dict[str, Any]:
-    """A point's pretraining metrics and loss curves and, when it ran the whole graph, its GLUE metrics
-    and predictions: from the DVC cache through the experiment's commit."""
+    """A point's pretraining metrics, loss curves and losses by context length and, when it ran the
+    whole graph, its GLUE metrics and predictions: from the DVC cache through the experiment's commit."""
     experiment = point.experiment
     glue = None if point.targets else json.loads(_read(repo_dir, GLUE_METRICS, experiment))
     models = [t.split("@", 1)[1] for t in point.targets if t.startswith("pretrain@")] or list(glue or {})
     curves = {m: pd.read_csv(io.StringIO(_read(repo_dir, pretrain_curve(m), experiment))) for m in models}
     pretrain = {model: json.loads(_read(repo_dir, pretrain_metrics(model), experiment)) for model in models}
+    contexts = {m: pd.read_csv(io.StringIO(_read(repo_dir, pretrain_context(m), experiment))) for m in models}
+    found = {"curves": curves, "pretrain": pretrain, "contexts": contexts}
     if glue is None:
-        return {"curves": curves, "pretrain": pretrain}
+        return found
     predictions = pd.read_parquet(io.BytesIO(_read(repo_dir, PREDICTIONS, experiment, "rb")))
-    return {"glue": glue, "curves": curves, "pretrain": pretrain, "predictions": predictions}
+    return found | {"glue": glue, "predictions": predictions}
 
 
 def _read(repo_dir: Path, path: Path, experiment: str, mode: str = "r") -> Any:

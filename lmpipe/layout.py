@@ -95,6 +95,12 @@ def pretrain_curve(model: str) -> Path:
     return Path("plots/pretrain") / f"{model}.csv"
 
 
+def pretrain_context(model: str) -> Path:
+    """The final model's validation loss by evaluation context length, by block of tokens
+    (pretrain.context_lengths; no rows without them)."""
+    return Path("plots/pretrain_context") / f"{model}.csv"
+
+
 INITS = ("pretrained", "scratch")  # a model fine-tuned from its pretraining, and its baseline
 
 

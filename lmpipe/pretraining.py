@@ -26,6 +26,7 @@ from lmpipe.layout import (
     WEIGHTS,
     final_checkpoint,
     final_weights,
+    pretrain_context,
     pretrain_curve,
     pretrain_metrics,
     resume_checkpoints,
@@ -379,6 +380,12 @@ def pretrain(name: str, params: PretrainSections) -> None:
         summary = summarise(trainer, module, run, plan.variant.objective, plan.budget.flops)
         state = trainer.strategy.lightning_module_state_dict()  # on every process: FSDP gathers its shards
         if trainer.is_global_zero:
+            by_context = _by_context(name, plan, module, logger) if run.context_lengths else {}
+            if by_context:
+                summary["val_loss_by_context"] = {
+                    str(n): float(loss.mean()) for n, loss in by_context.items()
+                }
+            write_context(pretrain_context(name), by_context)
             _write_outputs(name, plan, module, state, summary, minutes, logger)
         log.info(
             "pretrain@%s: %d steps in %.1f min, val loss %.3f",
@@ -387,6 +394,45 @@ def pretrain(name: str, params: PretrainSections) -> None:
             minutes,
             summary["val_loss"] or float("nan"),
         )
+
+
+def _by_context(name: str, plan: Prepared, module: Any, logger: Any) -> dict[int, Any]:
+    """The final model's validation loss at each evaluation context length by block of tokens
+    (models/context.py), over the first batch_size streams of up to 4 × the longest length of the
+    validation tokens."""
+    import numpy as np
+
+    from models.context import BLOCK, evaluable, loss_by_context
+
+    run = plan.run
+    tokens = np.memmap(TOKENS / "val.bin", dtype=plan.meta["dtype"], mode="r")
+    longest = 4 * max(run.context_lengths)
+    blocks = min(len(tokens) // run.batch_size - 1, longest) // BLOCK
+    if blocks < 1:
+        raise StageError(
+            f"pretrain@{name}: {len(tokens)} validation tokens, too few for pretrain.context_lengths"
+        )
+    skipped = [length for length in run.context_lengths if not evaluable(module.model, length)]
+    if skipped:
+        log.info(
+            "pretrain@%s: context lengths %s exceed max_len and its positions: not measured", name, skipped
+        )
+    span = 1 + blocks * BLOCK
+    losses = loss_by_context(module.model, tokens, run.seq_len, run.context_lengths, run.batch_size, span)
+    logger.log_metrics({f"val/context_{length}_loss": float(loss.mean()) for length, loss in losses.items()})
+    return losses
+
+
+def write_context(path: Path, losses: dict[int, Any]) -> None:
+    """The loss by context length, a row a block: length, stream, block, loss (its tokens' mean)."""
+    import numpy as np
+
+    with atomic_file(path) as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["length", "stream", "block", "loss"])
+        for length, by_block in losses.items():
+            for (stream, block), loss in np.ndenumerate(by_block):
+                writer.writerow([length, stream, block, f"{loss:.6f}"])
 
 
 def _quiet_lightning() -> None:

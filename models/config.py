@@ -29,8 +29,19 @@ class ModelConfig:
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_position: Literal["pre", "post"] = "pre"
     # learned / sinusoidal: added to the embeddings; rope: rotates queries and keys; alibi, relative
-    # (T5's bucketed bias): added to the self-attention logits
-    positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative"] = "learned"
+    # (T5's bucketed bias): added to the self-attention logits; xl: Transformer-XL's relative attention
+    # (the distances' sinusoids through each layer's projection, its u and v biases)
+    positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative", "xl"] = "learned"
+    # Transformer-XL's segment-level recurrence: each layer also attends to the states that entered it
+    # over the last mem_len positions of the previous segments (pretrain.sampling: stream)
+    mem_len: int = field(
+        default=0,
+        metadata={
+            "ge": 0,
+            "description": "Transformer-XL's memory: the states of the previous segments each layer also "
+            "attends to (0: none; needs positions: xl on a decoder, and pretrain.sampling: stream)",
+        },
+    )
     # BERT's A/B embeddings: a token after the first [SEP] of its row is segment B (pretraining's
     # sentence pairs, fine-tuning's sentence-pair tasks); read from the ids, so no input carries them
     segment_embeddings: bool = False
@@ -72,6 +83,10 @@ class ModelConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
             raise ValueError("rope needs an even head size (d_model / n_heads)")
+        if self.mem_len and self.positions != "xl":
+            raise ValueError("mem_len: Transformer-XL's memory needs its relative positions, positions: xl")
+        if self.mem_len and (ARCHITECTURES[self.arch].encoder or ARCHITECTURES[self.arch].prefix):
+            raise ValueError(f"mem_len: Transformer-XL's memory is a decoder's, not arch {self.arch}'s")
         two_stacks = ARCHITECTURES[self.arch].encoder and ARCHITECTURES[self.arch].decoder
         if self.n_decoder_layers is not None and not two_stacks:
             raise ValueError("n_decoder_layers is for an encoder-decoder only")

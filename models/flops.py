@@ -23,7 +23,12 @@ from models.pretraining import PretrainModule, TrainConfig
 from models.specs.architectures import ARCHITECTURES
 from models.specs.objectives import OBJECTIVES, ObjectiveSpec
 from models.specs.objectives.base import ObjectiveParams
-from models.stack_flops import lm_head_weights, stack_forward_flops
+from models.stack_flops import (
+    lm_head_weights,
+    relative_attention_flops,
+    sinusoid_projection_flops,
+    stack_forward_flops,
+)
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' datasheets, by a part of
 # torch.cuda.get_device_name(); the longest matching key wins ("A100" before "A10").
@@ -107,9 +112,13 @@ def _count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
         module = PretrainModule(model, train)
     total = 0.0
     for share, objective, params in components(train):
+        batch = example_batch(train, objective, params)
+        if model.mem_len:  # Transformer-XL's steady state: a full memory before every segment
+            memory = torch.zeros(train.batch_size, model.mem_len, model.d_model, device="meta")
+            module.memory, batch["stream"] = {0: [memory] * model.n_layers}, (0, True)
         counter = FlopCounterMode(display=False)
         with counter:
-            loss, _, _ = module.training_loss(example_batch(train, objective, params))
+            loss, _, _ = module.training_loss(batch)
             loss.backward()
         total += share * counter.get_total_flops()
     return round(total)
@@ -137,6 +146,15 @@ def _estimate(
         if t:  # cross-attention: q and out on the decoder's tokens, keys and values of the memory
             forward += 2 * b * u * layers * 2 * d * d + 2 * b * t * layers * 2 * d * d
             forward += layers * 4 * b * u * t * d
+    constant_inputs = 0  # forward FLOPs whose inputs need no gradient: backward costs them once
+    if model.positions == "xl":  # Transformer-XL's relative attention, a decoder's over its memory
+        for tokens, memory, layers, causal in (
+            (t, 0, model.n_layers, False),
+            (u, model.mem_len, model.decoder_layers, True),
+        ):
+            if tokens:
+                forward += relative_attention_flops(b, tokens, memory, layers, d, causal)
+                constant_inputs += sinusoid_projection_flops(tokens, memory, layers, d, causal)
     e = model.embedding_size
     if e:  # ALBERT's projection of each embedded token to d_model, and back in the LM head
         forward += 2 * b * (t + u) * e * d
@@ -148,4 +166,4 @@ def _estimate(
     forward += head
     if train.pair_loss() != "none":  # BERT's pooler and the two-way classifier on each [CLS]
         forward += 2 * b * d * d + 2 * b * d * 2
-    return 3 * forward
+    return 3 * forward - constant_inputs

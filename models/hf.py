@@ -304,17 +304,16 @@ NATIVE: dict[str, tuple[str, str, Callable[[Transformer], HFLayout]]] = {
 
 
 def hf_layout(model: Transformer) -> HFLayout:
+    """The first of the architecture's transformers classes that computes what the model does, or our
+    remote code, saying why each class does not."""
     cfg, spec = model.cfg, model.arch
-    differences = _differences(model)
+    mismatches = []
     for name in spec.export_classes:
         norm_position, lm_head, layout = NATIVE[name]
-        if not differences and (cfg.norm_position, cfg.lm_head) == (norm_position, lm_head):
+        differences = _differences(model)
+        if (cfg.norm_position, cfg.lm_head) != (norm_position, lm_head):
+            differences.append(f"norm_position={cfg.norm_position} with lm_head={cfg.lm_head}")
+        if not differences:
             return layout(model)
-    if not spec.export_classes:
-        reason = spec.remote_because
-    elif differences:
-        reason = f"no transformers {cfg.arch} has {', '.join(differences)}"
-    else:
-        combination = f"norm_position={cfg.norm_position} with lm_head={cfg.lm_head}"
-        reason = f"no transformers {cfg.arch} has {combination}"
-    return _remote(model, reason)
+        mismatches.append(f"{name} has no {', '.join(differences)}")
+    return _remote(model, "; ".join(mismatches) or spec.remote_because)

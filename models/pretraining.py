@@ -55,7 +55,7 @@ class TrainConfig:
     weight_decay: float
     beta1: float
     beta2: float
-    sampling: Literal["random", "epoch"]
+    sampling: Literal["random", "epoch", "stream"]
     val_batches: int
     input_format: InputFormat = "full_sentences"  # RoBERTa's; all but full_sentences read the sentence index
     short_seq_prob: float = 0.0  # BERT's short segment pairs (models/input_formats.py)
@@ -120,6 +120,26 @@ def make_batch(
         for row, (index, epoch) in zip(rows, row_epochs, strict=True)
     ]
     return architecture(cfg.arch).batch(stacked_pairs(pairs))
+
+
+def stream_segments(
+    n_tokens: int, row_length: int, stride: int, batch_size: int, lanes: int, index: int
+) -> tuple[np.ndarray, tuple[int, bool]]:
+    """Transformer-XL's ordered batches: the tokens cut into lanes × batch_size contiguous streams, lane
+    l's rows being streams l·B to l·B + B - 1. Micro-batch `index` is lane index mod lanes, at position
+    index // lanes: each row the next segment of its stream (`stride` tokens on from the last, a row's
+    length read), back to the stream's start after its last whole segment. Returns the rows' first
+    tokens, and (lane, whether the segment continues its lane's last one): what its memory needs."""
+    span = n_tokens // (lanes * batch_size)
+    if span < row_length:
+        raise ValueError(
+            f"{n_tokens} tokens make {lanes * batch_size} streams of {span}, each shorter than a row "
+            f"({row_length})"
+        )
+    segment = (index // lanes) % ((span - row_length) // stride + 1)
+    lane = index % lanes
+    starts = np.arange(lane * batch_size, (lane + 1) * batch_size) * span + segment * stride
+    return starts, (lane, segment != 0)
 
 
 def static_generator(seed: int, row: int, copy: int) -> torch.Generator:
@@ -189,6 +209,14 @@ class PackedBatches(IterableDataset):
             return make_batch(
                 rows.tokens, self.cfg, generator, self.vocab_size, formatted=rows, pieces=self.pieces
             )
+        if self.cfg.sampling == "stream":  # lanes: the micro-batches of one step, on every process
+            lanes = self.cfg.accumulate * self.world_size
+            starts, stream = stream_segments(
+                len(tokens), length, self.cfg.seq_len, self.cfg.batch_size, lanes, index
+            )
+            rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
+            batch = make_batch(rows, self.cfg, generator, self.vocab_size, pieces=self.pieces)
+            return batch | {"stream": stream}
         starts, row_epochs = self.offsets(index, generator, len(tokens))
         rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
         return make_batch(rows, self.cfg, generator, self.vocab_size, row_epochs, pieces=self.pieces)
@@ -218,6 +246,11 @@ def validation_batches(
         if sentences is not None:
             rows = formatted_rows(sentences, cfg, generator)
             batches.append(make_batch(rows.tokens, cfg, generator, vocab_size, formatted=rows, pieces=pieces))
+            continue
+        if cfg.sampling == "stream":  # consecutive segments of B streams: a memory carries across them
+            starts, stream = stream_segments(len(tokens), length, cfg.seq_len, cfg.batch_size, 1, i)
+            rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
+            batches.append(make_batch(rows, cfg, generator, vocab_size, pieces=pieces) | {"stream": stream})
             continue
         index = [(i * cfg.batch_size + j) % n_rows for j in range(cfg.batch_size)]
         rows = torch.from_numpy(
@@ -354,6 +387,9 @@ class PretrainModule(L.LightningModule):
         # start or the last restore, on the device; all processes' before that, from the checkpoint
         self._padding: Tensor | int = 0
         self._padding_restored = 0
+        # Transformer-XL's memories by lane (stream_segments), training's and validation's
+        self.memory: dict[int, list[Tensor]] = {}
+        self._val_memory: dict[int, list[Tensor]] = {}
         self.step_flops: int | None = None  # one micro-batch's FLOPs (models.flops), set by the stage
         self.peak_flops: float | None = None  # the device's bf16 peak, when known: MFU
 
@@ -368,7 +404,8 @@ class PretrainModule(L.LightningModule):
         if self.objective_head is not None:
             return self.objective_head(self.model, batch)
         if self.pair_head is None:
-            logits, labels = self.model.arch.logits_and_labels(self.model, batch)
+            hidden = self._recurrent_hidden(batch) if self.model_cfg.mem_len else None
+            logits, labels = self.model.arch.logits_and_labels(self.model, batch, hidden)
             loss, correct = self._token_loss(logits, labels)
             return Terms(loss, correct, labels.numel())
         hidden = self.model(
@@ -381,6 +418,17 @@ class PretrainModule(L.LightningModule):
         pair_correct = (pair_logits.argmax(-1) == batch["pair_labels"]).float().mean()
         name = self.cfg.pair_loss()
         return Terms(loss, correct, labels.numel(), {name: (pair_loss, 1.0)}, {name: pair_correct})
+
+    def _recurrent_hidden(self, batch: dict[str, Tensor]) -> Tensor:
+        """Transformer-XL's step: the segment's states over its lane's memory (none at a stream's start,
+        or for a batch from no stream), the new memory kept for the lane's next segment."""
+        lane, continues = batch.get("stream", (0, False))
+        memories = self.memory if self.training else self._val_memory
+        memory = memories.get(lane) if continues else None
+        if memory is not None:
+            memory = [states.to(batch["input_ids"].device) for states in memory]
+        hidden, memories[lane] = self.model.recur(batch["input_ids"], memory, batch.get("pad_mask"))
+        return hidden
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
         """The token loss, its correct predictions and the number of predicted tokens."""
@@ -461,10 +509,26 @@ class PretrainModule(L.LightningModule):
         self._read_train_losses()
         checkpoint["loss_history"] = self.history
         checkpoint["padded_positions"] = self.padded_positions()
+        if self.model_cfg.mem_len:  # the next step's memories: a resumed run continues every stream
+            checkpoint["memory"] = self.memory_state()
+
+    def memory_state(self) -> dict[int, list[Tensor]]:
+        """Every process's memories by lane, on the host (every process calls it)."""
+        lanes = sorted(self.memory)
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if world == 1 or not lanes:
+            return {lane: [states.cpu() for states in self.memory[lane]] for lane in lanes}
+        stacked = torch.stack([torch.stack(self.memory[lane]) for lane in lanes])
+        gathered = self.all_gather(stacked).cpu()  # [processes, lanes, layers, B, M, d]
+        # a process's lanes are its rank, then every world-th (stream_segments' index mod lanes)
+        return {rank + world * i: list(gathered[rank, i]) for rank in range(world) for i in range(len(lanes))}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.history = list(checkpoint.get("loss_history", []))
         self._padding, self._padding_restored = 0, checkpoint.get("padded_positions", 0)
+        world, rank = (self.trainer.world_size, self.global_rank) if self._trainer is not None else (1, 0)
+        memory = checkpoint.get("memory", {})
+        self.memory = {lane: memory[lane] for lane in memory if lane % world == rank}  # this process's
 
     def on_train_end(self) -> None:
         self._read_train_losses()
@@ -477,6 +541,7 @@ class PretrainModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._read_train_losses()  # the curve stays in step order
+        self._val_memory = {}  # validation streams start afresh
         # loss * tokens, correct, tokens: summed on the device, read once at the end
         self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         self._val_logged_sums: dict[str, Tensor] = {}  # the terms' other metrics summed, and batches

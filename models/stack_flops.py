@@ -17,6 +17,27 @@ def stack_forward_flops(batch: int, tokens: int, layers: int, d: int, d_ff: int,
     )
 
 
+def distances(tokens: int, memory: int, causal: bool) -> int:
+    """The relative distances Transformer-XL's attention encodes: memory + tokens causally (0 up), and
+    the tokens - 1 negative ones too both ways."""
+    return memory + tokens if causal else memory + 2 * tokens - 1
+
+
+def relative_attention_flops(batch: int, tokens: int, memory: int, layers: int, d: int, causal: bool) -> int:
+    """What Transformer-XL's relative attention adds to a stack's forward count (stack_forward_flops):
+    per layer, the keys and values of `memory` states and attention over them, the projection of the
+    distances' sinusoids (once a step, not a row) and each query's score at every distance."""
+    r = distances(tokens, memory, causal)
+    per_layer = 2 * batch * memory * 2 * d * d + 4 * batch * tokens * memory * d
+    return layers * (per_layer + 2 * r * d * d + 2 * batch * tokens * r * d)
+
+
+def sinusoid_projection_flops(tokens: int, memory: int, layers: int, d: int, causal: bool) -> int:
+    """The forward FLOPs of projecting the distances' sinusoids: an input with no gradient, so its
+    backward pass costs them once (the weights' gradient), not twice."""
+    return layers * 2 * distances(tokens, memory, causal) * d * d
+
+
 def lm_head_weights(
     d_model: int, embedding_size: int | None, vocab_size: int, transform: bool = False
 ) -> int:

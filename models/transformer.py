@@ -50,6 +50,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def xl_sinusoids(distances: Tensor, dim: int) -> Tensor:
+    """Transformer-XL's encodings of relative distances (XLNet's layout: the sines, then the cosines)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=distances.device) / dim))
+    angles = distances.float()[:, None] * inv_freq
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
 def alibi_slopes(n_heads: int) -> Tensor:
     """ALiBi's per-head slopes (Press et al., 2022): 2^(-8/n), its powers, for n heads a power of two;
     otherwise those of the power of two below and every other one of twice that, as the paper's code."""
@@ -106,12 +113,20 @@ class Attention(nn.Module):
         self.cross = cross
         self.n_heads = cfg.n_heads
         self.dropout = cfg.dropout
-        if cross:
-            self.q = nn.Linear(d, d, bias=cfg.bias)
-            self.kv = nn.Linear(d, 2 * d, bias=cfg.bias)
+        # Transformer-XL's relative attention: keys and values over a memory too, no biases (as its
+        # code and XLNet's), the distances' sinusoids projected per layer, and its u and v per head
+        self.relative = cfg.positions == "xl" and not cross
+        bias = cfg.bias and not self.relative
+        if cross or self.relative:
+            self.q = nn.Linear(d, d, bias=bias)
+            self.kv = nn.Linear(d, 2 * d, bias=bias)
         else:
-            self.qkv = nn.Linear(d, 3 * d, bias=cfg.bias)
-        self.out = nn.Linear(d, d, bias=cfg.bias)
+            self.qkv = nn.Linear(d, 3 * d, bias=bias)
+        if self.relative:
+            self.r = nn.Linear(d, d, bias=False)
+            self.content_bias = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))  # u
+            self.position_bias = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))  # v
+        self.out = nn.Linear(d, d, bias=bias)
 
     def _heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -124,7 +139,10 @@ class Attention(nn.Module):
         mask: Tensor | None = None,
         causal: bool = False,
         rope: tuple[Tensor, Tensor] | None = None,
+        memory: Tensor | None = None,
     ) -> Tensor:
+        if self.relative:
+            return self._relative(x, mask, causal, memory)
         if self.cross:
             q, (k, v) = self.q(x), self.kv(context).chunk(2, dim=-1)
         else:
@@ -143,6 +161,39 @@ class Attention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
         )
         return self.out(y.transpose(1, 2).reshape(x.shape))
+
+    def _relative(self, x: Tensor, mask: Tensor | None, causal: bool, memory: Tensor | None) -> Tensor:
+        """Transformer-XL's attention over [memory, x]: (q + u)·k on content, (q + v)·W_r R(i - j) on
+        the distance, the second as SDPA's additive mask (with -inf where `mask` forbids)."""
+        keys = x if memory is None else torch.cat([memory, x], dim=1)
+        q = self._heads(self.q(x))
+        k, v = (self._heads(t) for t in self.kv(keys).chunk(2, dim=-1))
+        length, n_keys = x.shape[1], keys.shape[1]
+        if mask is None and causal:  # query i sees the memory and x up to itself
+            mask = torch.ones(length, n_keys, dtype=torch.bool, device=x.device).tril(n_keys - length)
+        scores = self._distance_scores(q, n_keys, causal) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        y = F.scaled_dot_product_attention(
+            q + self.content_bias[:, None],
+            k,
+            v,
+            attn_mask=scores.to(q.dtype),
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.out(y.transpose(1, 2).reshape(x.shape))
+
+    def _distance_scores(self, q: Tensor, n_keys: int, causal: bool) -> Tensor:
+        """(q_i + v)·W_r R(d) for each query i and key j, d = i - j counted over the memory (the
+        distances a causal stack never attends, j after i, are left out of R)."""
+        b, h, length, head = q.shape
+        lowest = 0 if causal else 1 - length
+        distances = torch.arange(lowest, n_keys, device=q.device)
+        r = self.r(xl_sinusoids(distances, h * head).to(q.dtype)).view(-1, h, head)
+        scores = torch.einsum("bhtd,rhd->bhtr", q + self.position_bias[:, None], r)
+        queries = torch.arange(length, device=q.device)[:, None] + n_keys - length
+        index = (queries - torch.arange(n_keys, device=q.device) - lowest).clamp(0, len(distances) - 1)
+        return scores.gather(-1, index.expand(b, h, length, n_keys))
 
 
 class MLP(nn.Module):
@@ -184,8 +235,15 @@ class Block(nn.Module):
         rope: tuple[Tensor, Tensor] | None,
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
+        memory: Tensor | None = None,
     ) -> Tensor:
-        x = self._residual(x, self.norm1, lambda h: self.self_attn(h, mask=mask, causal=causal, rope=rope))
+        """`memory`: Transformer-XL's, the states that entered this block over the previous segment
+        (pre-LN: normalised as its input is)."""
+        if memory is not None and self.pre_norm:
+            memory = self.norm1(memory)
+        x = self._residual(
+            x, self.norm1, lambda h: self.self_attn(h, mask=mask, causal=causal, rope=rope, memory=memory)
+        )
         if self.cross_attn is not None and context is not None:  # a shared stack encoding: no memory
             x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(h, context, mask=context_mask))
         return self._residual(x, self.norm2, self.mlp)
@@ -225,7 +283,10 @@ class Stack(nn.Module):
         # post-LN: a norm on the stack's input (BERT's on the embeddings, then their dropout), except
         # where the embeddings are normalised before a projection to its width (ALBERT's, ELECTRA's
         # generator's); pre-LN: on its output
-        self.norms_input = not self.pre_norm and cfg.embedding_size is None and not projected
+        # Transformer-XL's and XLNet's post-LN stacks take the embeddings as they are
+        self.norms_input = (
+            not self.pre_norm and cfg.embedding_size is None and not projected and cfg.positions != "xl"
+        )
         self.edge_norm = make_norm(cfg) if self.pre_norm or self.norms_input else None
         self.input_drop = nn.Dropout(cfg.dropout) if self.norms_input else None
         self.position_bias = PositionBias(cfg) if cfg.positions in ("alibi", "relative") else None
@@ -244,7 +305,7 @@ class Stack(nn.Module):
         x, mask = self.entry(x, pad_mask, causal, prefix_lengths)
         context_mask = None if context_pad_mask is None else context_pad_mask[:, None, None, :]
         for block in self.blocks:
-            x = block(x, mask, causal and mask is None, rope, context, context_mask)
+            x = block(x, mask, causal, rope, context, context_mask)
         return self.exit(x)
 
     def entry(
@@ -264,6 +325,29 @@ class Stack(nn.Module):
         """The last block's output as the stack's: pre-LN, through its final norm."""
         return self.edge_norm(x) if self.pre_norm else x
 
+    def recur(
+        self,
+        x: Tensor,
+        pad_mask: Tensor | None,
+        rope: tuple[Tensor, Tensor] | None,
+        memory: list[Tensor] | None,
+        mem_len: int,
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Transformer-XL's segment-level recurrence: each block attends to its memory too (the states
+        that entered it over the previous segments, cut from the graph) as well as to the segment
+        causally. The states, and the new memory: each block's input over the last `mem_len` positions
+        of the memory and this segment."""
+        held = 0 if memory is None else memory[0].shape[1]
+        mask = attention_mask(pad_mask, self.causal, x.shape[1], x.device, memory=held)
+        x, _ = self.entry(x, None, self.causal)
+        kept = []
+        for i, block in enumerate(self.blocks):
+            previous = None if memory is None else memory[i]
+            entered = x if previous is None else torch.cat([previous, x], dim=1)
+            kept.append(entered[:, -mem_len:].detach())
+            x = block(x, mask, self.causal, rope, memory=previous)
+        return self.exit(x), kept
+
 
 def attention_mask(
     pad_mask: Tensor | None,
@@ -271,20 +355,22 @@ def attention_mask(
     length: int,
     device: torch.device,
     prefix_lengths: Tensor | None = None,
+    memory: int = 0,
 ) -> Tensor | None:
-    """Boolean [B, 1, T, T] mask (True = may attend), or None when SDPA's fast paths apply. A causal
-    stack given `prefix_lengths` attends fully within each row's prefix (a prefix LM): a prefix
+    """Boolean [B, 1, T, M + T] mask (True = may attend), or None when SDPA's fast paths apply. A
+    causal stack given `prefix_lengths` attends fully within each row's prefix (a prefix LM): a prefix
     position sees the whole prefix and nothing after it, a later position the prefix and the positions
-    before it."""
-    if pad_mask is None and prefix_lengths is None:
+    before it. `memory`: Transformer-XL's M states before the segment, which every query sees."""
+    if pad_mask is None and prefix_lengths is None and not memory:
         return None
+    keys = memory + length
     mask = (
-        torch.ones(1, 1, 1, length, dtype=torch.bool, device=device)
+        torch.ones(1, 1, 1, keys, dtype=torch.bool, device=device)
         if pad_mask is None
-        else pad_mask[:, None, None, :]
+        else F.pad(pad_mask, (memory, 0), value=True)[:, None, None, :]
     )
     if causal:
-        visible = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        visible = torch.ones(length, keys, dtype=torch.bool, device=device).tril(memory)
         if prefix_lengths is not None:
             in_prefix = torch.arange(length, device=device) < prefix_lengths[:, None]  # [B, T] keys
             visible = (visible | in_prefix[:, None, :])[:, None]
@@ -413,6 +499,20 @@ class Transformer(nn.Module):
         return self.decoder(
             self.embed_ids(ids), pad_mask, self.rope(), memory, memory_pad_mask, prefix_lengths
         )
+
+    def recur(
+        self,
+        ids: Tensor,
+        memory: list[Tensor] | None,
+        pad_mask: Tensor | None = None,
+        mem_len: int | None = None,
+    ) -> tuple[Tensor, list[Tensor]]:
+        """A decoder's states over a segment that continues the one its `memory` was kept from
+        (Transformer-XL: Stack.recur), and the memory for the next: `mem_len` states (its config's
+        unless given: an evaluation may attend further than training did)."""
+        mem_len = self.cfg.mem_len if mem_len is None else mem_len
+        assert self.decoder is not None and self.cfg.positions == "xl" and mem_len, "Transformer-XL's"
+        return self.decoder.recur(self.embed_ids(ids), pad_mask, self.rope(), memory, mem_len)
 
     def forward(
         self,

@@ -99,7 +99,10 @@ def test_dvc_yaml_declares_the_outputs_that_stages_layout_names() -> None:
     assert declared("glue_prepare", "outs") == [str(layout.GLUE)]
     assert declared("pretrain", "outs") == [str(layout.final_checkpoint(model))]
     assert declared("pretrain", "metrics") == [str(layout.pretrain_metrics(model))]
-    assert declared("pretrain", "plots") == [str(layout.pretrain_curve(model))]
+    assert declared("pretrain", "plots") == [
+        str(layout.pretrain_curve(model)),
+        str(layout.pretrain_context(model)),
+    ]
     assert declared("finetune", "outs") == [str(layout.finetune_out(model))]
     assert layout.finetune_stage("m") == "finetune@m"
     reports = [layout.GLUE_REPORT, layout.GLUE_TABLE, layout.GLUE_CHART]

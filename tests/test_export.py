@@ -43,6 +43,11 @@ VARIANTS = [
     ("decoder", {"norm_position": "post"}, "LmpipeForLM"),
     ("decoder", {"positions": "rope", "mlp": "swiglu"}, "LmpipeForLM"),
     ("decoder", {"positions": "alibi"}, "LmpipeForLM"),
+    # Transformer-XL's relative positions (transformers' XLNet computes them causally, attn_type uni,
+    # but fails on padded inputs: transformers#21626), with a memory
+    ("decoder", {"positions": "xl", "norm_position": "post"}, "LmpipeForLM"),
+    ("decoder", {"positions": "xl", "mem_len": 32}, "LmpipeForLM"),
+    ("encoder", {"positions": "xl"}, "LmpipeForLM"),
     ("encoder_decoder", {}, "LmpipeForLM"),
     ("encoder_decoder", {**T5, "n_decoder_layers": 3}, "LmpipeForLM"),
     ("encoder_decoder", {"share_encoder_decoder": True}, "LmpipeForLM"),

@@ -106,15 +106,22 @@ def model_fields(params: Mapping[str, Any], model: str, preset: str) -> dict[str
     return ModelParams.model_validate(models[model]).config_fields()
 
 
+def seq_len_of(params: Mapping[str, Any], model: str) -> int:
+    """The sequence length `model` pretrains at in the params a point starts from (its own value first)."""
+    from lmpipe.params.pretrain import PretrainParams
+
+    own = (params[MODELS_KEY][model] or {}).get("pretrain") or {}
+    return PretrainParams.model_validate({**(params.get("pretrain") or {}), **own}).seq_len
+
+
 def max_len_for(params: Mapping[str, Any], model: str, arch: str, objective: str, **args: Any) -> int:
     """The max_len `model` (of the params, which its preset has checked) needs as `arch` to read a row of
     `objective` (its params section with `args` changed) at its sequence length: at least its own."""
     from lmpipe.params.models import ModelParams
-    from lmpipe.params.pretrain import PretrainParams, longest_read, objectives_params, section_params
+    from lmpipe.params.pretrain import longest_read, objectives_params, section_params
 
     fields = ModelParams.model_validate(params[MODELS_KEY][model]).config_fields()
-    own = (params[MODELS_KEY][model] or {}).get("pretrain") or {}
-    seq_len = PretrainParams.model_validate({**(params.get("pretrain") or {}), **own}).seq_len
+    seq_len = seq_len_of(params, model)
     sections = dict(params.get("objectives") or {})
     sections[objective] = {**sections.get(objective, {}), **args}
     section = section_params(objectives_params(sections), objective)
@@ -148,11 +155,26 @@ def _cards() -> dict[str, Card]:
         spanbert,
         systems,
         t5,
+        transformer_xl,
         unilm,
     )
 
     cards: dict[str, Card] = {}
-    for module in (bert, systems, t5, bart, roberta, albert, spanbert, mae_lm, electra, gpt, mtp, unilm):
+    for module in (
+        bert,
+        systems,
+        t5,
+        bart,
+        roberta,
+        albert,
+        spanbert,
+        mae_lm,
+        electra,
+        gpt,
+        transformer_xl,
+        mtp,
+        unilm,
+    ):
         for card in module.CARDS:
             if card.preset in cards:
                 raise ValueError(f"preset {card.preset}: two cards")

@@ -105,7 +105,13 @@ class PretrainParams(Strict):
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.98, ge=0, lt=1)
     grad_clip: float = Field(1.0, ge=0, description="0 = no clipping")
-    sampling: Literal["random", "epoch"] = "random"
+    sampling: Literal["random", "epoch", "stream"] = Field(
+        "random",
+        description="random: rows at random offsets; epoch: the packed rows in a seeded order, epoch by "
+        "epoch; stream: Transformer-XL's ordered batches, the tokens cut into batch_size × accumulate × "
+        "processes streams and each row slot reading its stream's next segment every step (what "
+        "models.<name>.mem_len needs)",
+    )
     input_format: InputFormat = Field(
         "full_sentences",
         description="RoBERTa's input formats (models/input_formats.py): full_sentences (windows of the "
@@ -121,6 +127,13 @@ class PretrainParams(Strict):
     )
     num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="DataLoader workers; auto: up to 4 per GPU, none on the CPU"
+    )
+    context_lengths: list[Annotated[int, Field(ge=2)]] = Field(
+        [],
+        description="evaluation context lengths at which the final model's validation loss is measured "
+        "over the same tokens (models/context.py; a causal decoder's): a positions: xl decoder attends "
+        "beyond seq_len through its memory, any other up to its max_len (longer ones are left out); "
+        "metrics/pretrain/<model>.json's val_loss_by_context",
     )
     val_every: int = Field(50, ge=1)
     val_batches: int = Field(4, ge=1)
@@ -245,6 +258,22 @@ class PretrainSections(ModelsSections):
                     f"objectives.{static[0]}.masking: static masking fixes the masks of each row of the "
                     f"data, which needs {self.pretrain_key(name, 'sampling')}: epoch (fixed rows), not "
                     f"{sampling} (models.{name})"
+                )
+            if run.context_lengths and variant.arch != "decoder":
+                raise ValueError(
+                    f"{self.pretrain_key(name, 'context_lengths')}: the loss by context length is a causal "
+                    f"decoder's, and models.{name} is arch {variant.arch}"
+                )
+            mem_len = variant.config_fields().get("mem_len", 0)
+            if mem_len and sampling != "stream":
+                raise ValueError(
+                    f"models.{name}.mem_len: Transformer-XL's memory continues the previous segment of the "
+                    f"same stream, which needs {self.pretrain_key(name, 'sampling')}: stream, not {sampling}"
+                )
+            if mem_len and OBJECTIVES[variant.objective].has_head(params):
+                raise ValueError(
+                    f"models.{name}.mem_len: objective {variant.objective}'s head runs the model without "
+                    "its memory; Transformer-XL's recurrence trains the model's own LM head"
                 )
             reads = longest_read(variant.arch, variant.objective, seq_len, params)
             if reads > max_len:

@@ -71,12 +71,11 @@ def make_head(model: ModelConfig, params: MTPParams) -> nn.Module:
             x, mask = stack.entry(
                 decoder.embed_ids(ids), batch.get("pad_mask"), True, batch.get("prefix_lengths")
             )
-            causal = mask is None
             for block in stack.blocks[:-1]:
-                x = block(x, mask, causal, rope)
+                x = block(x, mask, True, rope)
             if not self.sequential:  # the trunk's states into each head, the model's last block the first
-                return [stack.exit(head(x, mask, causal, rope)) for head in (stack.blocks[-1], *self.blocks)]
-            states = [stack.blocks[-1](x, mask, causal, rope)]
+                return [stack.exit(head(x, mask, True, rope)) for head in (stack.blocks[-1], *self.blocks)]
+            states = [stack.blocks[-1](x, mask, True, rope)]
             outputs = [stack.exit(states[0])]
             ahead = tokens_ahead(batch)
             for k, block in enumerate(self.blocks, start=1):
@@ -84,7 +83,7 @@ def make_head(model: ModelConfig, params: MTPParams) -> nn.Module:
                 joined = torch.cat(
                     [self.state_norms[k - 1](states[-1]), self.embed_norms[k - 1](embedded)], -1
                 )
-                states.append(block(self.projections[k - 1](joined), mask, causal, rope))
+                states.append(block(self.projections[k - 1](joined), mask, True, rope))
                 outputs.append(self.out_norms[k - 1](states[-1]))
             return outputs
 

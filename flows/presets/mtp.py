@@ -51,6 +51,8 @@ CARDS = (
             "parallel rows' trunk has L - 1 blocks and each deeper head one block more than the ★ row; "
             "that cost, and the sequential modules', is paid in steps at equal FLOPs",
             "the sequential rows' λ is 0.3 / D throughout (DeepSeek-V3 lowers it to 0.1 after 10 T tokens)",
+            "an MTP row's `final train loss` is the step's sum (the next token's loss and the weighted "
+            "deeper ones), not the next token's, which is its `val/loss` (MLflow, metrics/pretrain)",
             "dense decoders fine-tuned on GLUE through their last token's state, not the papers' "
             "generative evaluations; the extra heads and modules are dropped after pretraining, as "
             "DeepSeek-V3 drops its MTP modules for inference",

@@ -230,8 +230,11 @@ class PackedBatches(IterableDataset):
 
 
 def validation_batches(
-    path: Path, dtype: str, cfg: TrainConfig, vocab_size: int, pieces: Pieces | None = None
+    path: Path, dtype: str, cfg: TrainConfig, vocab_size: int, pieces: Pieces | None = None, lanes: int = 1
 ) -> list[dict[str, Tensor]]:
+    """The validation batches, the same at every validation. With stream sampling, batch i is lane
+    i mod `lanes`'s next segment (lanes: accumulate × processes, as in training): a process validates
+    every lanes-th batch (Lightning's distributed sampler), so each follows its own lanes' streams."""
     tokens = np.memmap(path, dtype=dtype, mode="r")
     length = cfg.row_length()
     n_rows = len(tokens) // length
@@ -248,7 +251,7 @@ def validation_batches(
             batches.append(make_batch(rows.tokens, cfg, generator, vocab_size, formatted=rows, pieces=pieces))
             continue
         if cfg.sampling == "stream":  # consecutive segments of B streams: a memory carries across them
-            starts, stream = stream_segments(len(tokens), length, cfg.seq_len, cfg.batch_size, 1, i)
+            starts, stream = stream_segments(len(tokens), length, cfg.seq_len, cfg.batch_size, lanes, i)
             rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
             batches.append(make_batch(rows, cfg, generator, vocab_size, pieces=pieces) | {"stream": stream})
             continue
@@ -304,8 +307,9 @@ class TokenDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
+        lanes = self.cfg.accumulate * self.trainer.world_size
         batches = validation_batches(
-            self.tokens_dir / "val.bin", self.dtype, self.cfg, self.vocab_size, self.pieces
+            self.tokens_dir / "val.bin", self.dtype, self.cfg, self.vocab_size, self.pieces, lanes
         )
         return DataLoader(batches, batch_size=None)
 

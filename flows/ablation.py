@@ -532,6 +532,19 @@ def plot_losses(
     return png(fig, plt)
 
 
+def plot_context(table: pd.DataFrame) -> bytes:
+    """The validation perplexity by evaluation context length of every point's model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    context.plot(table, ax)
+    fig.tight_layout()
+    return png(fig, plt)
+
+
 def context_comparison(
     points: Sequence[Point], results: Mapping[int, dict[str, Any]], baseline: Point, seed: int
 ) -> pd.DataFrame:
@@ -670,7 +683,7 @@ def ablation(
             "pretrain_loss.png": plot_losses(points, results, swept),
         }
         if len(by_context):
-            files |= {"context.csv": by_context.to_csv(index=False), "context.png": context.plot(by_context)}
+            files |= {"context.csv": by_context.to_csv(index=False), "context.png": plot_context(by_context)}
         if best is not None:
             files["best_of_each_init.csv"] = best.to_csv(index=False)
         if plan.card is not None:

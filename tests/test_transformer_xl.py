@@ -314,6 +314,7 @@ def test_the_stage_trains_transformer_xl_and_measures_it_by_context(sample_pipel
 def test_a_context_comparison_pairs_the_same_blocks_and_says_which_is_better() -> None:
     """Lower loss on every block is `better`, the same losses `within noise` at Δ 0; a length the
     baseline did not reach has no verdict; the report's table and plot are made of it."""
+    from flows.ablation import plot_context
     from lmpipe.report import context
 
     rng = np.random.default_rng(0)
@@ -339,6 +340,6 @@ def test_a_context_comparison_pairs_the_same_blocks_and_says_which_is_better() -
     assert row.loc[("xl", 256), "verdict"] == "baseline not measured at this length"
     assert row.loc[("vanilla", 64), "perplexity"] == pytest.approx(np.exp(blocks.mean()))
     assert "| xl | decoder_xl |" in context.markdown(table, "point `vanilla`")
-    assert context.plot(table).startswith(b"\x89PNG")
+    assert plot_context(table).startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="not the same tokens"):
         context.loss_difference(blocks.ravel(), blocks.ravel()[:10], 0)

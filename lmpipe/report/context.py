@@ -114,16 +114,8 @@ def markdown(table: pd.DataFrame, baseline: str) -> str:
     return header + "\n".join(lines) + "\n"
 
 
-def plot(table: pd.DataFrame) -> bytes:
-    """Perplexity by context length, a line a model."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+def plot(table: pd.DataFrame, ax) -> None:
+    """Perplexity by context length on `ax`, a line a model."""
     for (experiment, model), rows in table.groupby(["experiment", "model"], sort=False):
         rows = rows.sort_values("length")
         ax.plot(rows["length"], rows["perplexity"], "o-", label=f"{model}: {experiment}")
@@ -131,8 +123,3 @@ def plot(table: pd.DataFrame) -> bytes:
     ax.set_xlabel("evaluation context length (tokens attended at a segment's end)")
     ax.set_ylabel("validation perplexity")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    return buffer.getvalue()

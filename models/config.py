@@ -33,13 +33,15 @@ class ModelConfig:
     # (the distances' sinusoids through each layer's projection, its u and v biases)
     positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative", "xl"] = "learned"
     # Transformer-XL's segment-level recurrence: each layer also attends to the states that entered it
-    # over the last mem_len positions of the previous segments (pretrain.sampling: stream)
+    # over the last mem_len positions of the previous segments (pretrain.sampling: stream); an
+    # encoder's (XLNet's) attends to the whole memory and segment
     mem_len: int = field(
         default=0,
         metadata={
             "ge": 0,
             "description": "Transformer-XL's memory: the states of the previous segments each layer also "
-            "attends to (0: none; needs positions: xl on a decoder, and pretrain.sampling: stream)",
+            "attends to (0: none; needs positions: xl on a decoder or, as XLNet's, an encoder, and "
+            "pretrain.sampling: stream)",
         },
     )
     # BERT's A/B embeddings: a token after the first [SEP] of its row is segment B (pretraining's
@@ -85,8 +87,12 @@ class ModelConfig:
             raise ValueError("rope needs an even head size (d_model / n_heads)")
         if self.mem_len and self.positions != "xl":
             raise ValueError("mem_len: Transformer-XL's memory needs its relative positions, positions: xl")
-        if self.mem_len and (ARCHITECTURES[self.arch].encoder or ARCHITECTURES[self.arch].prefix):
-            raise ValueError(f"mem_len: Transformer-XL's memory is a decoder's, not arch {self.arch}'s")
+        spec = ARCHITECTURES[self.arch]
+        if self.mem_len and (spec.encoder == spec.decoder or spec.prefix):
+            raise ValueError(
+                f"mem_len: Transformer-XL's memory is a decoder's or (XLNet's) an encoder's, not arch "
+                f"{self.arch}'s"
+            )
         two_stacks = ARCHITECTURES[self.arch].encoder and ARCHITECTURES[self.arch].decoder
         if self.n_decoder_layers is not None and not two_stacks:
             raise ValueError("n_decoder_layers is for an encoder-decoder only")

@@ -67,8 +67,7 @@ def example_batch(train: TrainConfig, objective: ObjectiveSpec, params: Objectiv
     format's labels, for its head)."""
     widths = objective.widths(train.seq_len, params)
     batch = architecture(train.arch).example_batch(train.batch_size, objective.kind, *widths)
-    extras = implementations.objective(objective.name).example_extras
-    batch |= extras(train.batch_size, len(batch["labels"]), params)
+    batch |= implementations.objective(objective.name).example_extras(batch, params)
     if train.pair_loss() != "none":
         batch["pair_labels"] = torch.zeros(train.batch_size, dtype=torch.long, device="meta")
     return batch
@@ -147,14 +146,13 @@ def _estimate(
             forward += 2 * b * u * layers * 2 * d * d + 2 * b * t * layers * 2 * d * d
             forward += layers * 4 * b * u * t * d
     constant_inputs = 0  # forward FLOPs whose inputs need no gradient: backward costs them once
-    if model.positions == "xl":  # Transformer-XL's relative attention, a decoder's over its memory
-        for tokens, memory, layers, causal in (
-            (t, 0, model.n_layers, False),
-            (u, model.mem_len, model.decoder_layers, True),
-        ):
+    if model.positions == "xl":  # Transformer-XL's relative attention over the stack's memory
+        # XLNet's bidirectional data: the distances' encodings made for both signs
+        signs = 2 if objective.reversed_rows(params, b) else 1
+        for tokens, layers, causal in ((t, model.n_layers, False), (u, model.decoder_layers, True)):
             if tokens:
-                forward += relative_attention_flops(b, tokens, memory, layers, d, causal)
-                constant_inputs += sinusoid_projection_flops(tokens, memory, layers, d, causal)
+                forward += relative_attention_flops(b, tokens, model.mem_len, layers, d, causal, signs)
+                constant_inputs += sinusoid_projection_flops(tokens, model.mem_len, layers, d, causal, signs)
     e = model.embedding_size
     if e:  # ALBERT's projection of each embedded token to d_model, and back in the LM head
         forward += 2 * b * (t + u) * e * d

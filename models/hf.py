@@ -65,12 +65,12 @@ class HFLayout:
 
 
 def _differences(model: Transformer) -> list[str]:
-    """How the model differs from what GPT-2, BERT and XLM-R XL compute: learned positions, LayerNorm
-    with bias, GELU, biases, no segment embeddings (theirs come from token_type_ids), and none of
-    ALBERT's factorised embeddings or shared layers (its transformers class has a head ours lacks)."""
+    """How the model differs from what GPT-2, BERT, XLM-R XL and XLNet compute beyond their positions
+    (NATIVE): LayerNorm with bias, GELU, biases, no segment embeddings (theirs come from
+    token_type_ids), and none of ALBERT's factorised embeddings or shared layers (its transformers class
+    has a head ours lacks)."""
     cfg = model.cfg
     differs = {
-        "positions": cfg.positions != "learned",
         "norm": cfg.norm != "layernorm",
         "mlp": cfg.mlp != "gelu",
         "bias": not cfg.bias,
@@ -272,6 +272,56 @@ def _xlm_roberta_xl(model: Transformer) -> HFLayout:
     return HFLayout("XLMRobertaXLModel", config, tensors, why)
 
 
+def _xlnet(model: Transformer) -> HFLayout:
+    """XLNet's encoder (attn_type bi) in XLNetLMHeadModel's names: the projections as [d, heads, head]
+    (ours [out, in]: transposed), u and v per layer (untie_r), no segment term; the LM head tied, with
+    XLNet's output bias at zero; the query stream's mask embedding, which pretraining's head keeps, zero."""
+    cfg, state = model.cfg, model.state_dict()
+    d, heads, head = cfg.d_model, cfg.n_heads, cfg.head_dim
+    tensors = {
+        "transformer.word_embedding.weight": state["embed.weight"],
+        "transformer.mask_emb": torch.zeros(1, 1, d),
+        "lm_loss.weight": state["embed.weight"],
+        "lm_loss.bias": torch.zeros(cfg.vocab_size),
+    }
+    for i in range(cfg.n_layers):
+        ours, theirs = f"encoder.blocks.{i}", f"transformer.layer.{i}"
+        q, kv = state[f"{ours}.self_attn.q.weight"], state[f"{ours}.self_attn.kv.weight"]
+        projections = {"q": q, "k": kv[:d], "v": kv[d:], "r": state[f"{ours}.self_attn.r.weight"]}
+        for name, weight in projections.items():
+            tensors[f"{theirs}.rel_attn.{name}"] = weight.T.reshape(d, heads, head)
+        tensors[f"{theirs}.rel_attn.o"] = state[f"{ours}.self_attn.out.weight"].reshape(d, heads, head)
+        tensors[f"{theirs}.rel_attn.r_w_bias"] = state[f"{ours}.self_attn.content_bias"]
+        tensors[f"{theirs}.rel_attn.r_r_bias"] = state[f"{ours}.self_attn.position_bias"]
+        tensors[f"{theirs}.rel_attn.r_s_bias"] = torch.zeros(heads, head)
+        tensors[f"{theirs}.rel_attn.seg_embed"] = torch.zeros(2, heads, head)
+        for kind in ("weight", "bias"):
+            tensors[f"{theirs}.rel_attn.layer_norm.{kind}"] = state[f"{ours}.norm1.{kind}"]
+            tensors[f"{theirs}.ff.layer_norm.{kind}"] = state[f"{ours}.norm2.{kind}"]
+            tensors[f"{theirs}.ff.layer_1.{kind}"] = state[f"{ours}.mlp.up.{kind}"]
+            tensors[f"{theirs}.ff.layer_2.{kind}"] = state[f"{ours}.mlp.down.{kind}"]
+    config = _common(model) | {
+        "model_type": "xlnet",
+        "d_model": d,
+        "n_layer": cfg.n_layers,
+        "n_head": heads,
+        "d_inner": cfg.d_ff,
+        "ff_activation": "gelu",
+        "untie_r": True,
+        "attn_type": "bi",
+        "mem_len": cfg.mem_len or None,
+        "dropout": cfg.dropout,
+        "layer_norm_eps": cfg.norm_eps,
+    }
+    config |= _tied_masked_lm("XLNetForTiedMaskedLM")
+    why = (
+        "a post-norm encoder with Transformer-XL's relative attention, LayerNorm, GELU and biases in the "
+        "MLP is XLNet (attn_type bi) exactly: XLNetLMHeadModel's logits are ours (its output bias zero), "
+        "the masked-LM class is the remote XLNetForTiedMaskedLM (transformers maps no XLNet class to it)"
+    )
+    return HFLayout("XLNetLMHeadModel", config, tensors, why)
+
+
 def _remote(model: Transformer, reason: str) -> HFLayout:
     lm = model.arch.lm_auto_class
     config = _common(model) | {
@@ -293,13 +343,14 @@ def _remote(model: Transformer, reason: str) -> HFLayout:
 
 
 # what each transformers class an architecture may name (`export_classes`) needs beyond the standard
-# configuration (`_differences`): a norm position and a head. GPT-2 has no transform; BERT's and
-# XLM-R XL's masked-LM heads have one, so a tied encoder's masked LM is our remote class
-NATIVE: dict[str, tuple[str, str, Callable[[Transformer], HFLayout]]] = {
-    "GPT2LMHeadModel": ("pre", "tied", _gpt2),
-    "BertModel": ("post", "tied", _bert),
-    "BertForMaskedLM": ("post", "transform", _bert_for_masked_lm),
-    "XLMRobertaXLModel": ("pre", "tied", _xlm_roberta_xl),
+# configuration (`_differences`): a norm position, a head and positions. GPT-2 has no transform; BERT's
+# and XLM-R XL's masked-LM heads have one, so a tied encoder's masked LM is our remote class
+NATIVE: dict[str, tuple[str, str, str, Callable[[Transformer], HFLayout]]] = {
+    "GPT2LMHeadModel": ("pre", "tied", "learned", _gpt2),
+    "BertModel": ("post", "tied", "learned", _bert),
+    "BertForMaskedLM": ("post", "transform", "learned", _bert_for_masked_lm),
+    "XLMRobertaXLModel": ("pre", "tied", "learned", _xlm_roberta_xl),
+    "XLNetLMHeadModel": ("post", "tied", "xl", _xlnet),
 }
 
 
@@ -309,8 +360,10 @@ def hf_layout(model: Transformer) -> HFLayout:
     cfg, spec = model.cfg, model.arch
     mismatches = []
     for name in spec.export_classes:
-        norm_position, lm_head, layout = NATIVE[name]
+        norm_position, lm_head, positions, layout = NATIVE[name]
         differences = _differences(model)
+        if cfg.positions != positions:
+            differences.append(f"positions={cfg.positions}")
         if (cfg.norm_position, cfg.lm_head) != (norm_position, lm_head):
             differences.append(f"norm_position={cfg.norm_position} with lm_head={cfg.lm_head}")
         if not differences:

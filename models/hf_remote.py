@@ -1,7 +1,8 @@
 """transformers classes around our Transformer, for configurations no transformers class computes
 exactly (rotary or sinusoidal positions, RMSNorm, SwiGLU, no biases, our encoder-decoder); and the
 masked-LM head our encoders train (the hidden states times the word embeddings: no transform, no bias)
-on transformers' own BERT and XLM-RoBERTa-XL, whose masked-LM classes add a transform it never trained.
+on transformers' own BERT and XLM-RoBERTa-XL, whose masked-LM classes add a transform it never trained,
+and on XLNet, which has no masked-LM class.
 
 An export writes models/config.py, models/transformer.py and this file, concatenated, as
 `modeling_lmpipe.py`: the modules that trained the weights, loaded with
@@ -23,6 +24,8 @@ from transformers import (
     PreTrainedModel,
     XLMRobertaXLModel,
     XLMRobertaXLPreTrainedModel,
+    XLNetModel,
+    XLNetPreTrainedModel,
 )
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
@@ -196,6 +199,16 @@ class XLMRobertaXLForTiedMaskedLM(_TiedMaskedLM, XLMRobertaXLPreTrainedModel):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self.roberta = XLMRobertaXLModel(config, add_pooling_layer=False)
+        self.post_init()
+
+
+class XLNetForTiedMaskedLM(_TiedMaskedLM, XLNetPreTrainedModel):
+    """XLNetModel (our post-norm encoder with Transformer-XL's relative attention) with the masked-LM
+    head it trained."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.transformer = XLNetModel(config)
         self.post_init()
 
 

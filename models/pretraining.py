@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -70,6 +70,10 @@ class TrainConfig:
         """Tokens read per row: the inputs, plus the shifted target (CLM) or what span corruption removes."""
         return OBJECTIVES[self.objective].row_length(self.seq_len, self.objective_params)
 
+    def backward_rows(self) -> int:
+        """The last rows of a batch that read their text backward (XLNet's bidirectional data)."""
+        return OBJECTIVES[self.objective].reversed_rows(self.objective_params, self.batch_size)
+
     def hparams(self) -> dict[str, Any]:
         """Its fields as plain values (the objective's params a mapping): the checkpoints' hyperparameters
         and the resume fingerprint."""
@@ -123,13 +127,21 @@ def make_batch(
 
 
 def stream_segments(
-    n_tokens: int, row_length: int, stride: int, batch_size: int, lanes: int, index: int
+    n_tokens: int,
+    row_length: int,
+    stride: int,
+    batch_size: int,
+    lanes: int,
+    index: int,
+    backward: int = 0,
 ) -> tuple[np.ndarray, tuple[int, bool]]:
     """Transformer-XL's ordered batches: the tokens cut into lanes × batch_size contiguous streams, lane
     l's rows being streams l·B to l·B + B - 1. Micro-batch `index` is lane index mod lanes, at position
     index // lanes: each row the next segment of its stream (`stride` tokens on from the last, a row's
-    length read), back to the stream's start after its last whole segment. Returns the rows' first
-    tokens, and (lane, whether the segment continues its lane's last one): what its memory needs."""
+    length read), back to the stream's start after its last whole segment; the last `backward` rows
+    read theirs from its end towards its start (XLNet's bidirectional data: the objective reverses
+    them). Returns the rows' first tokens, and (lane, whether the segment continues its lane's last
+    one): what its memory needs."""
     span = n_tokens // (lanes * batch_size)
     if span < row_length:
         raise ValueError(
@@ -138,8 +150,10 @@ def stream_segments(
         )
     segment = (index // lanes) % ((span - row_length) // stride + 1)
     lane = index % lanes
-    starts = np.arange(lane * batch_size, (lane + 1) * batch_size) * span + segment * stride
-    return starts, (lane, segment != 0)
+    streams = np.arange(lane * batch_size, (lane + 1) * batch_size) * span
+    forward = np.arange(batch_size) < batch_size - backward
+    on = np.where(forward, segment * stride, span - row_length - segment * stride)
+    return streams + on, (lane, segment != 0)
 
 
 def static_generator(seed: int, row: int, copy: int) -> torch.Generator:
@@ -211,8 +225,9 @@ class PackedBatches(IterableDataset):
             )
         if self.cfg.sampling == "stream":  # lanes: the micro-batches of one step, on every process
             lanes = self.cfg.accumulate * self.world_size
+            cfg = self.cfg
             starts, stream = stream_segments(
-                len(tokens), length, self.cfg.seq_len, self.cfg.batch_size, lanes, index
+                len(tokens), length, cfg.seq_len, cfg.batch_size, lanes, index, cfg.backward_rows()
             )
             rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
             batch = make_batch(rows, self.cfg, generator, self.vocab_size, pieces=self.pieces)
@@ -251,7 +266,9 @@ def validation_batches(
             batches.append(make_batch(rows.tokens, cfg, generator, vocab_size, formatted=rows, pieces=pieces))
             continue
         if cfg.sampling == "stream":  # consecutive segments of B streams: a memory carries across them
-            starts, stream = stream_segments(len(tokens), length, cfg.seq_len, cfg.batch_size, lanes, i)
+            starts, stream = stream_segments(
+                len(tokens), length, cfg.seq_len, cfg.batch_size, lanes, i, cfg.backward_rows()
+            )
             rows = torch.from_numpy(np.stack([tokens[s : s + length] for s in starts]).astype(np.int64))
             batches.append(make_batch(rows, cfg, generator, vocab_size, pieces=pieces) | {"stream": stream})
             continue
@@ -405,10 +422,17 @@ class PretrainModule(L.LightningModule):
     def terms(self, batch: dict[str, Tensor]) -> Terms:
         """The step's terms: the token loss, with the pair head's loss and accuracy beside it where
         there is one; an objective with its own head computes them there."""
+        recurrent = self.model_cfg.mem_len > 0
         if self.objective_head is not None:
+            if recurrent:  # XLNet's two streams over the content stream's memory
+                head = self.objective_head
+                return self._recurrent(batch, lambda memory: head.recur(self.model, batch, memory))
             return self.objective_head(self.model, batch)
         if self.pair_head is None:
-            hidden = self._recurrent_hidden(batch) if self.model_cfg.mem_len else None
+            hidden = None
+            if recurrent:
+                ids, pad_mask = batch["input_ids"], batch.get("pad_mask")
+                hidden = self._recurrent(batch, lambda memory: self.model.recur(ids, memory, pad_mask))
             logits, labels = self.model.arch.logits_and_labels(self.model, batch, hidden)
             loss, correct = self._token_loss(logits, labels)
             return Terms(loss, correct, labels.numel())
@@ -423,16 +447,19 @@ class PretrainModule(L.LightningModule):
         name = self.cfg.pair_loss()
         return Terms(loss, correct, labels.numel(), {name: (pair_loss, 1.0)}, {name: pair_correct})
 
-    def _recurrent_hidden(self, batch: dict[str, Tensor]) -> Tensor:
-        """Transformer-XL's step: the segment's states over its lane's memory (none at a stream's start,
-        or for a batch from no stream), the new memory kept for the lane's next segment."""
+    def _recurrent(
+        self, batch: dict[str, Tensor], step: Callable[[list[Tensor] | None], tuple[Any, list[Tensor]]]
+    ) -> Any:
+        """Transformer-XL's step: what `step` computes over the segment and its lane's memory (none at a
+        stream's start, or for a batch from no stream), the new memory it returns kept for the lane's
+        next segment."""
         lane, continues = batch.get("stream", (0, False))
         memories = self.memory if self.training else self._val_memory
         memory = memories.get(lane) if continues else None
         if memory is not None:
             memory = [states.to(batch["input_ids"].device) for states in memory]
-        hidden, memories[lane] = self.model.recur(batch["input_ids"], memory, batch.get("pad_mask"))
-        return hidden
+        result, memories[lane] = step(memory)
+        return result
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, int]:
         """The token loss, its correct predictions and the number of predicted tokens."""

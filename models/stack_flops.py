@@ -23,19 +23,24 @@ def distances(tokens: int, memory: int, causal: bool) -> int:
     return memory + tokens if causal else memory + 2 * tokens - 1
 
 
-def relative_attention_flops(batch: int, tokens: int, memory: int, layers: int, d: int, causal: bool) -> int:
+def relative_attention_flops(
+    batch: int, tokens: int, memory: int, layers: int, d: int, causal: bool, signs: int = 1
+) -> int:
     """What Transformer-XL's relative attention adds to a stack's forward count (stack_forward_flops):
     per layer, the keys and values of `memory` states and attention over them, the projection of the
-    distances' sinusoids (once a step, not a row) and each query's score at every distance."""
+    distances' sinusoids (once a step, not a row; for both signs with XLNet's bidirectional data) and
+    each query's score at every distance."""
     r = distances(tokens, memory, causal)
     per_layer = 2 * batch * memory * 2 * d * d + 4 * batch * tokens * memory * d
-    return layers * (per_layer + 2 * r * d * d + 2 * batch * tokens * r * d)
+    return layers * (per_layer + signs * 2 * r * d * d + 2 * batch * tokens * r * d)
 
 
-def sinusoid_projection_flops(tokens: int, memory: int, layers: int, d: int, causal: bool) -> int:
+def sinusoid_projection_flops(
+    tokens: int, memory: int, layers: int, d: int, causal: bool, signs: int = 1
+) -> int:
     """The forward FLOPs of projecting the distances' sinusoids: an input with no gradient, so its
     backward pass costs them once (the weights' gradient), not twice."""
-    return layers * 2 * distances(tokens, memory, causal) * d * d
+    return layers * signs * 2 * distances(tokens, memory, causal) * d * d
 
 
 def lm_head_weights(

@@ -140,9 +140,12 @@ class Attention(nn.Module):
         causal: bool = False,
         rope: tuple[Tensor, Tensor] | None = None,
         memory: Tensor | None = None,
+        distances: Tensor | None = None,
+        keys_values: tuple[Tensor, Tensor] | None = None,
+        query_positions: Tensor | None = None,
     ) -> Tensor:
         if self.relative:
-            return self._relative(x, mask, causal, memory)
+            return self._relative(x, mask, causal, memory, distances, keys_values, query_positions)
         if self.cross:
             q, (k, v) = self.q(x), self.kv(context).chunk(2, dim=-1)
         else:
@@ -162,16 +165,32 @@ class Attention(nn.Module):
         )
         return self.out(y.transpose(1, 2).reshape(x.shape))
 
-    def _relative(self, x: Tensor, mask: Tensor | None, causal: bool, memory: Tensor | None) -> Tensor:
+    def _relative(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        memory: Tensor | None,
+        distances: Tensor | None = None,
+        keys_values: tuple[Tensor, Tensor] | None = None,
+        query_positions: Tensor | None = None,
+    ) -> Tensor:
         """Transformer-XL's attention over [memory, x]: (q + u)·k on content, (q + v)·W_r R(i - j) on
-        the distance, the second as SDPA's additive mask (with -inf where `mask` forbids)."""
-        keys = x if memory is None else torch.cat([memory, x], dim=1)
+        the distance, the second as SDPA's additive mask (with -inf where `mask` forbids).
+
+        Shared by XLNet's two streams in a layer, made once (default: made here): `distances`, the
+        encodings `distance_keys` made, and `keys_values`, those of `keys_values` (the content stream's).
+        The query stream's queries are at `query_positions` [B, P] of the segment (default: the queries
+        are the segment's own positions)."""
+        k, v = self.keys_values(x, memory) if keys_values is None else keys_values
         q = self._heads(self.q(x))
-        k, v = (self._heads(t) for t in self.kv(keys).chunk(2, dim=-1))
-        length, n_keys = x.shape[1], keys.shape[1]
+        n_keys = k.shape[2]
+        length = n_keys - (0 if memory is None else memory.shape[1])
         if mask is None and causal:  # query i sees the memory and x up to itself
             mask = torch.ones(length, n_keys, dtype=torch.bool, device=x.device).tril(n_keys - length)
-        scores = self._distance_scores(q, n_keys, causal) / math.sqrt(q.shape[-1])
+        if distances is None:
+            distances = self.distance_keys(length, n_keys, causal, x.device, x.dtype)
+        scores = self._distance_scores(q, distances, length, n_keys, query_positions) / math.sqrt(q.shape[-1])
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         y = F.scaled_dot_product_attention(
@@ -183,17 +202,46 @@ class Attention(nn.Module):
         )
         return self.out(y.transpose(1, 2).reshape(x.shape))
 
-    def _distance_scores(self, q: Tensor, n_keys: int, causal: bool) -> Tensor:
-        """(q_i + v)·W_r R(d) for each query i and key j, d = i - j counted over the memory (the
-        distances a causal stack never attends, j after i, are left out of R)."""
-        b, h, length, head = q.shape
+    def keys_values(self, x: Tensor, memory: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The relative attention's keys and values, [B, H, M + T, h] each, of the memory and `x`."""
+        keys = x if memory is None else torch.cat([memory, x], dim=1)
+        k, v = self.kv(keys).chunk(2, dim=-1)
+        return self._heads(k), self._heads(v)
+
+    def distance_keys(
+        self,
+        length: int,
+        n_keys: int,
+        causal: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+        reversed_rows: Tensor | None = None,
+    ) -> Tensor:
+        """W_r R(d) for the distances d = i - j a segment of `length` over `n_keys` keys (its memory
+        first) attends at, [B or 1, R, H, h]: causally 0 up (j after i never attended), both ways from
+        1 - length. Rows set in `reversed_rows` (XLNet's bidirectional data: a stream read backward)
+        take the encodings of -d, as its code's backward position sequence."""
         lowest = 0 if causal else 1 - length
-        distances = torch.arange(lowest, n_keys, device=q.device)
-        r = self.r(xl_sinusoids(distances, h * head).to(q.dtype)).view(-1, h, head)
-        scores = torch.einsum("bhtd,rhd->bhtr", q + self.position_bias[:, None], r)
-        queries = torch.arange(length, device=q.device)[:, None] + n_keys - length
-        index = (queries - torch.arange(n_keys, device=q.device) - lowest).clamp(0, len(distances) - 1)
-        return scores.gather(-1, index.expand(b, h, length, n_keys))
+        distance = torch.arange(lowest, n_keys, device=device)
+        if reversed_rows is None:
+            return self.r(xl_sinusoids(distance, self.q.in_features).to(dtype))[None]
+        both = self.r(xl_sinusoids(torch.cat([distance, -distance]), self.q.in_features).to(dtype))
+        forward, backward = both.chunk(2)
+        return torch.where(reversed_rows[:, None, None], backward, forward)
+
+    def _distance_scores(
+        self, q: Tensor, distances: Tensor, length: int, n_keys: int, query_positions: Tensor | None
+    ) -> Tensor:
+        """(q_i + v)·W_r R(d) for each query i and key j, d = i - j counted over the memory (the
+        queries at `query_positions` of the segment, else its own positions)."""
+        b, h, queries, head = q.shape
+        r = distances.view(distances.shape[0], distances.shape[1], h, head)
+        scores = torch.einsum("bhtd,brhd->bhtr", q + self.position_bias[:, None], r.expand(b, -1, -1, -1))
+        at = torch.arange(queries, device=q.device)[None] if query_positions is None else query_positions
+        lowest = n_keys - r.shape[1]  # 0 causally, 1 - length both ways
+        index = at[:, None, :, None] + (n_keys - length) - torch.arange(n_keys, device=q.device) - lowest
+        index = index.clamp(0, r.shape[1] - 1)
+        return scores.gather(-1, index.expand(b, h, queries, n_keys))
 
 
 class MLP(nn.Module):
@@ -247,6 +295,45 @@ class Block(nn.Module):
         if self.cross_attn is not None and context is not None:  # a shared stack encoding: no memory
             x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(h, context, mask=context_mask))
         return self._residual(x, self.norm2, self.mlp)
+
+    def two_stream(
+        self,
+        content: Tensor,
+        query: Tensor,
+        masks: tuple[Tensor, Tensor],
+        query_positions: Tensor,
+        memory: Tensor | None = None,
+        reversed_rows: Tensor | None = None,
+        content_out: bool = True,
+    ) -> tuple[Tensor | None, Tensor]:
+        """XLNet's two-stream attention through this block's weights (Yang et al., 2019, §2.3): the
+        content stream as `forward` computes it under the permutation's content mask, and the query
+        stream (the positions to predict, `query_positions` [B, P]) attending to the content stream's
+        keys and values under its query mask, which hides each position's own content. `masks`: the
+        two boolean masks over [memory, segment]; the distances' encodings, keys and values are made once
+        for both. Without `content_out` (the last block: only the query stream predicts) the content
+        stream's own output is not computed."""
+        content_mask, query_mask = masks
+        attention = self.self_attn
+        held = 0 if memory is None else memory.shape[1]
+        length = content.shape[1]
+        distances = attention.distance_keys(
+            length, held + length, False, content.device, content.dtype, reversed_rows
+        )
+        if memory is not None and self.pre_norm:
+            memory = self.norm1(memory)
+        keys_values = attention.keys_values(self.norm1(content) if self.pre_norm else content, memory)
+        shared = {"memory": memory, "distances": distances, "keys_values": keys_values}
+        query = self._residual(
+            query,
+            self.norm1,
+            lambda g: attention(g, mask=query_mask, query_positions=query_positions, **shared),
+        )
+        query = self._residual(query, self.norm2, self.mlp)
+        if not content_out:
+            return None, query
+        content = self._residual(content, self.norm1, lambda h: attention(h, mask=content_mask, **shared))
+        return self._residual(content, self.norm2, self.mlp), query
 
 
 # what ALBERT's `share_layers` shares between the layers of a group: each branch with its norm
@@ -507,12 +594,18 @@ class Transformer(nn.Module):
         pad_mask: Tensor | None = None,
         mem_len: int | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
-        """A decoder's states over a segment that continues the one its `memory` was kept from
-        (Transformer-XL: Stack.recur), and the memory for the next: `mem_len` states (its config's
+        """The states over a segment that continues the one its `memory` was kept from (Transformer-XL:
+        Stack.recur; an encoder's attend to the memory and the whole segment, as XLNet's), and the
+        memory for the next: `mem_len` states (its config's
         unless given: an evaluation may attend further than training did)."""
         mem_len = self.cfg.mem_len if mem_len is None else mem_len
-        assert self.decoder is not None and self.cfg.positions == "xl" and mem_len, "Transformer-XL's"
-        return self.decoder.recur(self.embed_ids(ids), pad_mask, self.rope(), memory, mem_len)
+        assert self.cfg.positions == "xl" and mem_len, "Transformer-XL's"
+        return self.stack().recur(self.embed_ids(ids), pad_mask, self.rope(), memory, mem_len)
+
+    def stack(self) -> Stack:
+        """The model's only stack (an encoder's or a decoder-only model's)."""
+        assert (self.encoder is None) != (self.decoder is None), "a model of one stack"
+        return self.encoder if self.encoder is not None else self.decoder
 
     def forward(
         self,

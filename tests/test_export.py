@@ -48,6 +48,8 @@ VARIANTS = [
     ("decoder", {"positions": "xl", "norm_position": "post"}, "LmpipeForLM"),
     ("decoder", {"positions": "xl", "mem_len": 32}, "LmpipeForLM"),
     ("encoder", {"positions": "xl"}, "LmpipeForLM"),
+    ("encoder", {"positions": "xl", "norm_position": "post"}, "XLNetLMHeadModel"),  # XLNet's, attn_type bi
+    ("encoder", {"positions": "xl", "norm_position": "post", "mem_len": 32}, "XLNetLMHeadModel"),
     ("encoder_decoder", {}, "LmpipeForLM"),
     ("encoder_decoder", {**T5, "n_decoder_layers": 3}, "LmpipeForLM"),
     ("encoder_decoder", {"share_encoder_decoder": True}, "LmpipeForLM"),
@@ -123,7 +125,7 @@ def test_transformers_computes_what_ours_does_on_real_text(
             mask = torch.ones(targets.shape, dtype=torch.bool)
     # AutoModel: the backbone of an encoder's masked-LM class (LmpipeModel, BertModel)
     assert type(theirs).__name__ == hf_class or (
-        arch == "encoder" and (remote or hf_class == "BertForMaskedLM")
+        arch == "encoder" and (remote or hf_class in ("BertForMaskedLM", "XLNetLMHeadModel"))
     )
     assert not theirs.training
     torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)

@@ -43,10 +43,13 @@ LEARNS = {
     "electra": ("encoder", 0.8),
     "mae_lm": ("encoder", 0.8),
     "mtp": ("decoder", 0.45),
+    "plm": ("encoder", 0.8),
     "unilm": ("prefix_lm", 0.6),
     "ul2": ("encoder_decoder", 0.65),
 }
-MASKED_LMS = {"mlm", "electra", "mae_lm"}
+MASKED_LMS = {"mlm", "electra", "mae_lm", "plm"}
+# what an objective needs of the model beyond its architecture (XLNet's two streams: relative attention)
+MODEL_CHANGES = {"plm": {"positions": "xl", "norm_position": "post"}}
 
 
 def test_every_registered_objective_is_in_this_test() -> None:
@@ -71,7 +74,9 @@ def test_each_objective_learns_the_sample_corpus(sample_pipeline: Workdir, objec
         arch, objective, PretrainParams(seq_len=SEQ_LEN, batch_size=BATCH), objectives_params(), 3
     )
     model = ModelConfig(
-        arch=arch, vocab_size=meta["vocab_size"], **(PRESETS["tiny"] | {"max_len": 2 * SEQ_LEN + 8})
+        arch=arch,
+        vocab_size=meta["vocab_size"],
+        **(PRESETS["tiny"] | {"max_len": 2 * SEQ_LEN + 8} | MODEL_CHANGES.get(objective, {})),
     )
     parts = OBJECTIVES[objective].components(train.objective_params)
     pieces = piece_tables(

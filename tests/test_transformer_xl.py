@@ -147,17 +147,25 @@ def test_stream_batches_are_the_same_on_any_number_of_processes(tmp_path: Path) 
         assert torch.equal(a["input_ids"], b["input_ids"]) and a["stream"] == tuple(b["stream"])
 
 
-def fit(data: Path, steps: int, resume: Path | None = None) -> PretrainModule:
-    """Transformer-XL pretraining with Lightning on the tokens in `data`: two lanes (micro-batches a
-    step), dropout on, a step checkpoint every 3 steps in data/ckpt."""
+def fit(
+    data: Path,
+    steps: int,
+    resume: Path | None = None,
+    model: ModelConfig | None = None,
+    objective: str = "clm",
+    pieces: dict[str, torch.Tensor] | None = None,
+) -> PretrainModule:
+    """Transformer-XL pretraining (or XLNet's, objective plm) with Lightning on the tokens in `data`:
+    two lanes (micro-batches a step), dropout on, a step checkpoint every 3 steps in data/ckpt."""
     from dataclasses import replace
 
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     run = PretrainParams(seq_len=16, batch_size=4, accumulate=2, sampling="stream", warmup_steps=1)
-    cfg = replace(train_config("decoder", "clm", run, objectives_params(), seed=3), max_steps=steps)
+    arch = "decoder" if model is None else model.arch
+    cfg = replace(train_config(arch, objective, run, objectives_params(), seed=3), max_steps=steps)
     torch.manual_seed(0)
-    module = PretrainModule(XL.with_(mem_len=24, dropout=0.1), cfg)
+    module = PretrainModule(model or XL.with_(mem_len=24, dropout=0.1), cfg)
     checkpoints = ModelCheckpoint(
         dirpath=data / "ckpt", filename="step{step}", auto_insert_metric_name=False,
         every_n_train_steps=3, save_top_k=-1,
@@ -172,7 +180,8 @@ def fit(data: Path, steps: int, resume: Path | None = None) -> PretrainModule:
         default_root_dir=data,
         callbacks=[checkpoints],
     )
-    trainer.fit(module, datamodule=TokenDataModule(data, cfg, 300, "uint16"), ckpt_path=resume)
+    datamodule = TokenDataModule(data, cfg, 300, "uint16", pieces=pieces)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     return module
 
 
@@ -202,6 +211,7 @@ def test_a_resumed_run_continues_every_stream_with_the_memory_it_stopped_with(tm
         ("decoder", "clm", {"mem_len": 48}),
         ("decoder", "clm", {"mem_len": 16, "norm_position": "post", "embedding_size": 32}),
         ("encoder", "mlm", {}),
+        ("encoder", "mlm", {"mem_len": 16, "norm_position": "post"}),  # XLNet's "DAE + Transformer-XL"
         ("encoder_decoder", "span", {}),
         ("prefix_lm", "lm", {}),
     ],
@@ -227,8 +237,9 @@ def test_the_flops_count_holds_the_memory_and_equals_the_estimate(
             "models.decoder_clm.mem_len: Transformer-XL's memory needs its relative positions, positions: xl",
         ),
         (
-            {"models": {"encoder_mlm": {"mem_len": 32, "positions": "xl"}}},
-            "models.encoder_mlm.mem_len: Transformer-XL's memory is a decoder's, not arch encoder's",
+            {"models": {"encoder_mlm": {"arch": "prefix_lm", "mem_len": 32, "positions": "xl"}}},
+            "models.encoder_mlm.mem_len: Transformer-XL's memory is a decoder's or (XLNet's) an "
+            "encoder's, not arch prefix_lm's",
         ),
         (
             {"models": {"decoder_clm": {"mem_len": 32, "positions": "xl"}}},

@@ -157,6 +157,7 @@ def _cards() -> dict[str, Card]:
         t5,
         transformer_xl,
         unilm,
+        xlnet,
     )
 
     cards: dict[str, Card] = {}
@@ -172,6 +173,7 @@ def _cards() -> dict[str, Card]:
         electra,
         gpt,
         transformer_xl,
+        xlnet,
         mtp,
         unilm,
     ):

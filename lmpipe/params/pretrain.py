@@ -270,11 +270,19 @@ class PretrainSections(ModelsSections):
                     f"models.{name}.mem_len: Transformer-XL's memory continues the previous segment of the "
                     f"same stream, which needs {self.pretrain_key(name, 'sampling')}: stream, not {sampling}"
                 )
-            if mem_len and OBJECTIVES[variant.objective].has_head(params):
+            objective = OBJECTIVES[variant.objective]
+            if mem_len and objective.has_head(params) and not objective.head_takes_memory(params):
                 raise ValueError(
                     f"models.{name}.mem_len: objective {variant.objective}'s head runs the model without "
                     "its memory; Transformer-XL's recurrence trains the model's own LM head"
                 )
+            fields = variant.config().to_dict()
+            for key, needed in objective.model_needs(params).items():
+                if fields.get(key) != needed:
+                    raise ValueError(
+                        f"models.{name}.{key}: objective {variant.objective} needs {key} {needed}, not "
+                        f"{fields.get(key)}"
+                    )
             reads = longest_read(variant.arch, variant.objective, seq_len, params)
             if reads > max_len:
                 raise ValueError(

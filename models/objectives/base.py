@@ -72,9 +72,9 @@ class ObjectiveImplementation(ABC):
         left out of its export; None: the model's tied LM head on the pair's targets."""
         return None
 
-    def example_extras(self, batch_size: int, predicted: int, params: ObjectiveParams) -> dict[str, Tensor]:
-        """The pair's `extras` for a batch of `batch_size` rows and `predicted` scored tokens, on the meta
-        device (the FLOPs count's example batch)."""
+    def example_extras(self, batch: dict[str, Tensor], params: ObjectiveParams) -> dict[str, Tensor]:
+        """The pair's `extras` for the architecture's example `batch` (its input_ids [B, T] and its
+        scored tokens' labels), on the meta device (the FLOPs count's example batch)."""
         return {}
 
     def head_flops(

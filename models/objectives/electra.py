@@ -177,8 +177,8 @@ class Electra(ObjectiveImplementation):
     def head(self, model: ModelConfig, params: ElectraParams) -> nn.Module:
         return make_head(model, params)
 
-    def example_extras(self, batch_size: int, predicted: int, params: ElectraParams) -> dict[str, Tensor]:
-        return {"sample_uniforms": torch.zeros(predicted, device="meta")}
+    def example_extras(self, batch: dict[str, Tensor], params: ElectraParams) -> dict[str, Tensor]:
+        return {"sample_uniforms": torch.zeros(len(batch["labels"]), device="meta")}
 
     def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, params: ElectraParams) -> int:
         """The generator (its projection, stack and tied LM head at the masked tokens) and the

@@ -83,8 +83,8 @@ class MaskedLM(ObjectiveImplementation):
             return None
         return spanbert.boundary_head_flops(model, round(DECLARED.widths(seq_len, params)[2] * batch_size))
 
-    def example_extras(self, batch_size: int, predicted: int, params: MLMParams) -> dict[str, Tensor]:
-        return spanbert.example_extras(predicted) if params.boundary_loss else {}
+    def example_extras(self, batch: dict[str, Tensor], params: MLMParams) -> dict[str, Tensor]:
+        return spanbert.example_extras(len(batch["labels"])) if params.boundary_loss else {}
 
 
 IMPLEMENTATION = MaskedLM()

@@ -118,8 +118,9 @@ class MultiTokenPrediction(ObjectiveImplementation):
     def head(self, model: ModelConfig, params: MTPParams) -> nn.Module:
         return make_head(model, params)
 
-    def example_extras(self, batch_size: int, predicted: int, params: MTPParams) -> dict[str, Tensor]:
-        return {"future_ids": torch.zeros(batch_size, params.depth, dtype=torch.long, device="meta")}
+    def example_extras(self, batch: dict[str, Tensor], params: MTPParams) -> dict[str, Tensor]:
+        rows = len(batch["input_ids"])
+        return {"future_ids": torch.zeros(rows, params.depth, dtype=torch.long, device="meta")}
 
     def head_flops(self, model: ModelConfig, batch_size: int, seq_len: int, params: MTPParams) -> int:
         """Beside the model's stack: the tied unembedding at every position once a depth and the next

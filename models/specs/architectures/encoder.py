@@ -14,7 +14,7 @@ class EncoderSpec(ArchitectureSpec):
     # never shows [CLS], so its state starts untrained; the mean and max pool states pretraining trained
     poolings = ("cls", "mean", "max")
     paper_objective, lm_auto_class = "mlm", "AutoModelForMaskedLM"
-    export_classes = ("BertModel", "BertForMaskedLM", "XLMRobertaXLModel")
+    export_classes = ("BertModel", "BertForMaskedLM", "XLMRobertaXLModel", "XLNetLMHeadModel")
     implementation = "models.architectures.encoder"
 
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:

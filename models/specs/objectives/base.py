@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from models.pair import PairKind
 
@@ -57,6 +57,21 @@ class ObjectiveSpec(ABC):
         """Whether its implementation trains a head of its own beside the model (ELECTRA's generator and
         discriminator head) in place of the model's tied LM head."""
         return False
+
+    def head_takes_memory(self, params: ObjectiveParams) -> bool:
+        """Whether its head runs the model over Transformer-XL's memory (`recur`: XLNet's two streams),
+        so that the model may have one (`models.<name>.mem_len`)."""
+        return False
+
+    def reversed_rows(self, params: ObjectiveParams, batch_size: int) -> int:
+        """The last rows of a batch that read their text backward (XLNet's bidirectional data): the data
+        reads their streams from the end, and the pair reverses them."""
+        return 0
+
+    def model_needs(self, params: ObjectiveParams) -> dict[str, Any]:
+        """The values of `models.<name>` fields its implementation needs (XLNet's two-stream attention:
+        an encoder with relative attention), beyond the pair kinds an architecture takes."""
+        return {}
 
     def piece_tables(self, params: ObjectiveParams) -> tuple[str, ...]:
         """The tokenizer's piece tables that its pairs read by name (models/pieces.py: `word_starts`,

@@ -30,8 +30,9 @@ class ModelConfig:
     norm_position: Literal["pre", "post"] = "pre"
     # learned / sinusoidal: added to the embeddings; rope: rotates queries and keys; alibi, relative
     # (T5's bucketed bias): added to the self-attention logits; xl: Transformer-XL's relative attention
-    # (the distances' sinusoids through each layer's projection, its u and v biases)
-    positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative", "xl"] = "learned"
+    # (the distances' sinusoids through each layer's projection, its u and v biases); none: no
+    # position signal (a recurrent stack reads the order itself)
+    positions: Literal["learned", "sinusoidal", "rope", "alibi", "relative", "xl", "none"] = "learned"
     # Transformer-XL's segment-level recurrence: each layer also attends to the states that entered it
     # over the last mem_len positions of the previous segments (pretrain.sampling: stream); an
     # encoder's (XLNet's) attends to the whole memory and segment
@@ -43,6 +44,10 @@ class ModelConfig:
             "attends to (0: none; needs positions: xl on a decoder or, as XLNet's, an encoder, and "
             "pretrain.sampling: stream)",
         },
+    )
+    # word2vec's CBOW: the tokens each side of a position that predict it
+    window: int = field(
+        default=5, metadata={"ge": 1, "description": "arch cbow: the context, tokens each side (word2vec: 5)"}
     )
     # BERT's A/B embeddings: a token after the first [SEP] of its row is segment B (pretraining's
     # sentence pairs, fine-tuning's sentence-pair tasks); read from the ids, so no input carries them
@@ -65,12 +70,13 @@ class ModelConfig:
     )
     # the LM head: `tied`, the hidden states times the token embeddings (projected back to E first where
     # factorized); `transform`, BERT's (ALBERT's, RoBERTa's, ELECTRA's generator's): a dense layer to
-    # the embeddings' width, GELU and LayerNorm, then the token embeddings and an output bias
-    lm_head: Literal["tied", "transform"] = field(
+    # the embeddings' width, GELU and LayerNorm, then the token embeddings and an output bias; `untied`,
+    # output vectors of their own (word2vec's, whose input and output vectors differ)
+    lm_head: Literal["tied", "transform", "untied"] = field(
         default="tied",
         metadata={
             "description": "tied: hidden × embeddings; transform: BERT's dense, GELU, LayerNorm first, "
-            "and an output bias"
+            "and an output bias; untied: output vectors of their own (word2vec's)"
         },
     )
     bias: bool = True
@@ -88,6 +94,7 @@ class ModelConfig:
         if self.mem_len and self.positions != "xl":
             raise ValueError("mem_len: Transformer-XL's memory needs its relative positions, positions: xl")
         spec = ARCHITECTURES[self.arch]
+        spec.check_model(self)
         if self.mem_len and (spec.encoder == spec.decoder or spec.prefix):
             raise ValueError(
                 f"mem_len: Transformer-XL's memory is a decoder's or (XLNet's) an encoder's, not arch "
@@ -104,6 +111,11 @@ class ModelConfig:
             raise ValueError(
                 f"embedding_size: {self.embedding_size} exceeds d_model ({self.d_model}); ALBERT's "
                 "factorized embeddings are narrower than the model"
+            )
+        if self.lm_head == "untied" and self.embedding_size is not None:
+            raise ValueError(
+                "lm_head: untied has output vectors of d_model; ALBERT's factorized embeddings "
+                "(embedding_size) project back through the input matrix: use tied or transform"
             )
         if self.layer_groups > 1 and self.share_layers == "none":
             raise ValueError("layer_groups: groups of shared layers need share_layers all, attention or ffn")

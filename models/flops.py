@@ -137,6 +137,12 @@ def _estimate(
     b, (t, u, predicted) = train.batch_size, lengths(train, objective, params)
     d = model.d_model
     forward = 0
+    constant_inputs = 0  # forward FLOPs whose inputs need no gradient: backward costs them once
+    embedded = t + u
+    own = ARCHITECTURES[model.arch].stack_flops(model, b, embedded)
+    if own is not None:  # its own stacks (an LSTM's, CBOW's window): not transformer stacks
+        forward, constant_inputs = own
+        t = u = 0
     if t:  # the encoder
         forward += stack_forward_flops(b, t, model.n_layers, d, model.d_ff, model.mlp)
     if u:  # the decoder (a decoder-only model's layers are n_layers)
@@ -145,7 +151,6 @@ def _estimate(
         if t:  # cross-attention: q and out on the decoder's tokens, keys and values of the memory
             forward += 2 * b * u * layers * 2 * d * d + 2 * b * t * layers * 2 * d * d
             forward += layers * 4 * b * u * t * d
-    constant_inputs = 0  # forward FLOPs whose inputs need no gradient: backward costs them once
     if model.positions == "xl":  # Transformer-XL's relative attention over the stack's memory
         # XLNet's bidirectional data: the distances' encodings made for both signs
         signs = 2 if objective.reversed_rows(params, b) else 1
@@ -155,7 +160,7 @@ def _estimate(
                 constant_inputs += sinusoid_projection_flops(tokens, model.mem_len, layers, d, causal, signs)
     e = model.embedding_size
     if e:  # ALBERT's projection of each embedded token to d_model, and back in the LM head
-        forward += 2 * b * (t + u) * e * d
+        forward += 2 * b * embedded * e * d
     head = implementations.objective(objective.name).head_flops(model, b, train.seq_len, params)
     if head is None:  # the tied LM head on the predicted tokens
         head = (

@@ -513,21 +513,15 @@ class Transformer(nn.Module):
                 nn.Linear(cfg.d_model, width), nn.GELU(), nn.LayerNorm(width, eps=cfg.norm_eps)
             )
             self.lm_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        # word2vec's output vectors, apart from the input ones
+        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False) if cfg.lm_head == "untied" else None
         if cfg.positions == "rope":
             cos, sin = rope_tables(cfg.max_len, cfg.head_dim)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.arch = architecture(cfg.arch)
-        # T5's "encoder-decoder, shared": the decoder's stack encodes too (bidirectionally, without
-        # its cross-attention): P parameters at the cost M of two stacks
-        own_encoder = self.arch.encoder and not cfg.share_encoder_decoder
-        self.encoder = Stack(cfg, cfg.n_layers, causal=False, cross=False) if own_encoder else None
-        self.decoder = (
-            Stack(cfg, cfg.decoder_layers, causal=True, cross=self.arch.encoder)
-            if self.arch.decoder
-            else None
-        )
+        self.encoder, self.decoder = self.arch.stacks(cfg)
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -622,7 +616,9 @@ class Transformer(nn.Module):
     def lm_logits(self, hidden: Tensor) -> Tensor:
         """Tied output embedding: logits over the vocabulary for the given hidden states (factorized
         embeddings: projected back to E through the input projection's matrix first; BERT's head:
-        through its transform, and the output bias added)."""
+        through its transform, and the output bias added; untied: through output vectors of its own)."""
+        if self.unembed is not None:
+            return self.unembed(hidden)
         if self.lm_transform is not None:
             return F.linear(self.lm_transform(hidden), self.embed.weight, self.lm_bias)
         if self.embed_projection is not None:

@@ -140,5 +140,5 @@ def test_an_auxiliary_lm_loss_on_an_encoder_is_one_line() -> None:
         parse(FinetuneSections, sections("encoder"))
     assert str(error.value).endswith(
         "finetune.common.lm_loss_weight (0.5): models.m (arch 'encoder') has no causal LM over its "
-        "fine-tuning input; the auxiliary LM loss fits arch decoder"
+        "fine-tuning input; the auxiliary LM loss fits arch decoder or lstm"
     )

@@ -44,12 +44,16 @@ LEARNS = {
     "mae_lm": ("encoder", 0.8),
     "mtp": ("decoder", 0.45),
     "plm": ("encoder", 0.8),
+    "cbow": ("cbow", 0.8),
     "unilm": ("prefix_lm", 0.6),
     "ul2": ("encoder_decoder", 0.65),
 }
-MASKED_LMS = {"mlm", "electra", "mae_lm", "plm"}
+MASKED_LMS = {"mlm", "electra", "mae_lm", "plm", "cbow"}
 # what an objective needs of the model beyond its architecture (XLNet's two streams: relative attention)
-MODEL_CHANGES = {"plm": {"positions": "xl", "norm_position": "post"}}
+MODEL_CHANGES = {
+    "plm": {"positions": "xl", "norm_position": "post"},
+    "cbow": {"positions": "none", "lm_head": "untied"},  # word2vec: output vectors apart from the input ones
+}
 
 
 def test_every_registered_objective_is_in_this_test() -> None:

@@ -10,19 +10,30 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from models.pair import Pair, PairKind
 from models.special import SPECIAL
 from models.specs.architectures import ARCHITECTURES, ArchitectureSpec
 
 if TYPE_CHECKING:  # the model the methods run on (models/transformer.py builds it from its architecture)
+    from models.config import ModelConfig
     from models.transformer import Transformer
 
 
 class Architecture(ArchitectureSpec):
     """An architecture's implementation: its declaration's subclass (`class Encoder(EncoderSpec,
     Architecture)`), registered by `implemented` as its module is imported."""
+
+    def stacks(self, cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
+        """The model's encoder and decoder stacks (None where it has none): the block library's
+        transformer stacks (T5's "encoder-decoder, shared": the decoder's stack encodes too)."""
+        from models.transformer import Stack
+
+        own_encoder = self.encoder and not cfg.share_encoder_decoder
+        encoder = Stack(cfg, cfg.n_layers, causal=False, cross=False) if own_encoder else None
+        decoder = Stack(cfg, cfg.decoder_layers, causal=True, cross=self.encoder) if self.decoder else None
+        return encoder, decoder
 
     @abstractmethod
     def batch(self, pair: Pair) -> dict[str, Tensor]:

@@ -34,7 +34,11 @@ class Decoder(DecoderSpec, Architecture):
         return model.decode(ids, pad_mask)
 
     def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
-        return last_state(model.decode(ids, pad_mask), pad_mask)
+        return self.pool(model.decode(ids, pad_mask), pad_mask, pooling)
+
+    def pool(self, states: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
+        """One state per row of the decoder's states: the last real token's."""
+        return last_state(states, pad_mask)
 
     def pooled_and_lm_loss(
         self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str
@@ -44,7 +48,7 @@ class Decoder(DecoderSpec, Architecture):
         labels = ids[:, 1:].masked_fill(~pad_mask[:, 1:], -100)
         logits = model.lm_logits(states[:, :-1])
         lm_loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
-        return last_state(states, pad_mask), lm_loss
+        return self.pool(states, pad_mask, pooling), lm_loss
 
 
 def last_state(states: Tensor, pad_mask: Tensor) -> Tensor:

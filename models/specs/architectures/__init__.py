@@ -14,4 +14,6 @@ from models.specs.architectures import encoder as encoder
 from models.specs.architectures import decoder as decoder
 from models.specs.architectures import prefix_lm as prefix_lm
 from models.specs.architectures import encoder_decoder as encoder_decoder
+from models.specs.architectures import lstm as lstm
+from models.specs.architectures import cbow as cbow
 # isort: on

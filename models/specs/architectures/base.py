@@ -5,7 +5,7 @@ implementation is (models/architectures). No torch: every stage imports the decl
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from models.pair import PairKind
 
@@ -28,6 +28,21 @@ class ArchitectureSpec(ABC):
     export_classes: ClassVar[tuple[str, ...]] = ()
     remote_because: ClassVar[str] = ""
     implementation: ClassVar[str]  # the module of its implementation, a subclass of this declaration
+    # the positions it takes (None: any); a recurrent stack reads the order itself
+    positions: ClassVar[tuple[str, ...] | None] = None
+
+    def check_model(self, model: Any) -> None:
+        """Its own rules on a ModelConfig's fields (the positions it takes): a ValueError names the field."""
+        if self.positions is not None and model.positions not in self.positions:
+            raise ValueError(
+                f"positions: arch {self.name} takes {' or '.join(self.positions)}, not {model.positions}"
+            )
+
+    def stack_flops(self, model: Any, batch: int, tokens: int) -> tuple[int, int] | None:
+        """(forward FLOPs, forward FLOPs whose backward costs them once) of its stacks over `tokens` a
+        row, beside the LM head, where they are not the transformer stacks models/flops.py estimates
+        (`model`: a ModelConfig); None: those."""
+        return None
 
     @abstractmethod
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:

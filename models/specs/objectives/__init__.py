@@ -24,5 +24,6 @@ from models.specs.objectives import electra as electra
 from models.specs.objectives import mae_lm as mae_lm
 from models.specs.objectives import mtp as mtp
 from models.specs.objectives import plm as plm
+from models.specs.objectives import cbow as cbow
 from models.specs.objectives import mixture as mixture  # unilm, ul2
 # isort: on

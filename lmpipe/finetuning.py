@@ -227,6 +227,7 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
         pooling=job.pooling,
         dropout=job.common.dropout,
         lm_loss_weight=job.common.lm_loss_weight,
+        frozen=job.common.frozen_backbone,
     ).to(device(job.common.accelerator))
     cfg = finetune_config(job.recipe, job.common, job.seed)
     try:

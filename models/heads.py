@@ -10,7 +10,8 @@ from models.transformer import Transformer
 
 
 class SequenceHead(nn.Module):
-    """A pretrained (or freshly initialised) backbone and a linear head on its pooled state."""
+    """A pretrained (or freshly initialised) backbone and a linear head on its pooled state; `frozen`:
+    the backbone's weights fixed (ELMo's features), but for the ones its architecture leaves to a task."""
 
     def __init__(
         self,
@@ -19,6 +20,7 @@ class SequenceHead(nn.Module):
         pooling: str | None = None,
         dropout: float = 0.1,
         lm_loss_weight: float = 0.0,
+        frozen: bool = False,
     ) -> None:
         super().__init__()
         arch = backbone.arch
@@ -33,7 +35,11 @@ class SequenceHead(nn.Module):
         self.backbone = backbone
         self.num_labels = num_labels  # 1 = regression
         self.drop = nn.Dropout(dropout)
-        self.out = nn.Linear(backbone.cfg.d_model, num_labels)
+        if frozen:  # ELMo's features: the backbone fixed but for the weights a task trains (its mix)
+            task = {id(p) for p in arch.task_parameters(backbone)}
+            for parameter in backbone.parameters():
+                parameter.requires_grad_(id(parameter) in task)
+        self.out = nn.Linear(arch.pooled_size(backbone.cfg), num_labels)
         nn.init.normal_(self.out.weight, std=backbone.cfg.init_std)
         nn.init.zeros_(self.out.bias)
 

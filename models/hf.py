@@ -324,22 +324,19 @@ def _xlnet(model: Transformer) -> HFLayout:
 
 def _remote(model: Transformer, reason: str) -> HFLayout:
     lm = model.arch.lm_auto_class
-    config = _common(model) | {
-        "model_type": "lmpipe",
-        "lmpipe": model.cfg.to_dict(),
-        "auto_map": {
-            "AutoConfig": "modeling_lmpipe.LmpipeConfig",
-            "AutoModel": "modeling_lmpipe.LmpipeModel",
-            lm: "modeling_lmpipe.LmpipeForLM",
-            "AutoModelForSequenceClassification": "modeling_lmpipe.LmpipeForSequenceClassification",
-        },
+    auto_map = {
+        "AutoConfig": "modeling_lmpipe.LmpipeConfig",
+        "AutoModel": "modeling_lmpipe.LmpipeModel",
+        "AutoModelForSequenceClassification": "modeling_lmpipe.LmpipeForSequenceClassification",
     }
+    if lm is not None:
+        auto_map[lm] = "modeling_lmpipe.LmpipeForLM"
+    config = _common(model) | {"model_type": "lmpipe", "lmpipe": model.cfg.to_dict(), "auto_map": auto_map}
     if lm == "AutoModelForMaskedLM":
         config["custom_pipelines"] = FILL_MASK
     tensors = {f"net.{key}": value for key, value in model.state_dict().items()}
-    return HFLayout(
-        "LmpipeForLM", config, tensors, f"{reason}: remote code (trust_remote_code=True) runs our modules"
-    )
+    why = f"{reason}: remote code (trust_remote_code=True) runs our modules"
+    return HFLayout("LmpipeForLM" if lm is not None else "LmpipeModel", config, tensors, why)
 
 
 # what each transformers class an architecture may name (`export_classes`) needs beyond the standard

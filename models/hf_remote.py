@@ -137,7 +137,7 @@ class LmpipeForSequenceClassification(LmpipePreTrainedModel):
     def __init__(self, config: LmpipeConfig) -> None:
         super().__init__(config)
         self.drop = nn.Dropout(0.1)
-        self.score = nn.Linear(self.net.cfg.d_model, config.num_labels)
+        self.score = nn.Linear(self.net.arch.pooled_size(self.net.cfg), config.num_labels)
         self.post_init()
 
     def forward(

@@ -1,8 +1,9 @@
 """The recurrent and feed-forward ancestors the seeds' summary table starts from: Dai & Le's LSTM LM
 (`lstm`) reads left to right only, or right to left as ELMo's backward LM, its padding never reaching
-a real position; word2vec's CBOW (`cbow`) predicts each token from the mean of its window alone; each
-trains, counts its FLOPs as estimated, exports as remote code, and refuses what it cannot take in one
-line naming the key."""
+a real position; word2vec's CBOW (`cbow`) predicts each token from the mean of its window alone;
+ELMo's biLM (`elmo`) trains both LMs on every row and gives a task the scalar mix of its layers, which
+a frozen backbone still trains; each trains, counts its FLOPs as estimated, exports as remote code, and
+refuses what it cannot take in one line naming the key."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tests.workdir import Workdir
 SIZE = dict(vocab_size=300, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64, positions="none")
 LSTM = ModelConfig(arch="lstm", **SIZE)
 CBOW = ModelConfig(arch="cbow", window=2, **SIZE)
+ELMO = ModelConfig(arch="elmo", **SIZE)
 
 
 def ids_of(rows: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -106,6 +108,8 @@ def test_the_lstm_lm_learns_as_a_causal_lm() -> None:
         ("cbow", "cbow", {}),
         ("cbow", "cbow", {"lm_head": "transform"}),
         ("cbow", "cbow", {"lm_head": "untied"}),  # word2vec's output vectors
+        ("elmo", "clm", {}),
+        ("elmo", "clm", {"d_ff": 32, "n_layers": 1, "lm_head": "untied"}),
     ],
 )
 def test_the_flops_count_equals_the_estimate(arch: str, objective: str, changes: dict) -> None:
@@ -159,7 +163,8 @@ def test_the_stage_trains_both_and_exports_them_as_remote_code(sample_pipeline: 
                 "preset": "tiny",
                 "positions": "none",
                 "lm_head": "untied",
-            },  # fmt: skip
+            },
+            "elmo": {"arch": "elmo", "objective": "clm", "preset": "tiny", "positions": "none"},
         },
         "pretrain.max_steps": 4,
         "pretrain.warmup_steps": 0,
@@ -168,11 +173,11 @@ def test_the_stage_trains_both_and_exports_them_as_remote_code(sample_pipeline: 
     }
     path = sample_pipeline.path
     with sample_pipeline.changed(settings), contextlib.chdir(path):
-        for name in ("lstm", "cbow"):
+        for name in ("lstm", "cbow", "elmo"):
             run_stages(sample_pipeline, "pretrain", name)
             stage_main("export")([name])
     ids = torch.randint(SPECIAL.n_special, 1000, (2, 10))
-    for name, auto in (("lstm", AutoModelForCausalLM), ("cbow", AutoModel)):
+    for name, auto in (("lstm", AutoModelForCausalLM), ("cbow", AutoModel), ("elmo", AutoModel)):
         metrics = json.loads((path / f"metrics/pretrain/{name}.json").read_text())
         assert metrics["steps"] == 4 and np.isfinite(metrics["val_loss"])
         model, _ = load_pretrained(path / f"checkpoints/{name}/final")
@@ -182,6 +187,63 @@ def test_the_stage_trains_both_and_exports_them_as_remote_code(sample_pipeline: 
                 torch.testing.assert_close(theirs(input_ids=ids).logits, model.lm_logits(model.decode(ids)))
             else:
                 torch.testing.assert_close(theirs(input_ids=ids).last_hidden_state, model.encode(ids))
+    cbow, _ = load_pretrained(path / "checkpoints/cbow/final")
     masked_lm = AutoModelForMaskedLM.from_pretrained(path / "checkpoints/cbow/hf", trust_remote_code=True)
     with torch.no_grad():  # its own output vectors, not the word embeddings
-        torch.testing.assert_close(masked_lm(input_ids=ids).logits, model.lm_logits(model.encode(ids)))
+        torch.testing.assert_close(masked_lm(input_ids=ids).logits, cbow.lm_logits(cbow.encode(ids)))
+    elmo = json.loads((path / "checkpoints/elmo/hf/config.json").read_text())
+    assert "AutoModelForCausalLM" not in elmo["auto_map"]  # its two LMs are no transformers LM class
+
+
+def test_elmo_trains_both_lms_on_every_row() -> None:
+    """The forward LM predicts each next token from those before it, the backward LM each previous one
+    from those after it: the loss is their mean over the row's 2 (T - 1) predictions."""
+    import torch.nn.functional as F
+
+    train = train_config("elmo", "clm", PretrainParams(seq_len=16, batch_size=4), objectives_params(), 3)
+    rows = ids_of(4, train.row_length())
+    batch = make_batch(rows, train, batch_generator(3, 0), 300)
+    assert torch.equal(batch["input_ids"], rows[:, :-1]) and torch.equal(batch["labels"], rows[:, 1:])
+    torch.manual_seed(0)
+    model = Transformer(ELMO).eval()
+    with torch.no_grad():
+        logits, labels = model.arch.logits_and_labels(model, batch)
+        forward = model.lm_logits(model.encoder.forward_lm(model.embed_ids(rows[:, :-1]), None))
+        backward_states = model.encoder.backward_lm(model.embed_ids(rows[:, 1:]), None)
+        moved = backward_states - model.encoder.backward_lm(model.embed_ids(changed_at(rows[:, 1:], 8)), None)
+    assert ((moved.abs().amax((0, 2)) > 1e-6).tolist()) == [i <= 8 for i in range(16)]  # right to left
+    assert len(labels) == 2 * 4 * 16
+    backward = model.lm_logits(backward_states)
+    want = F.cross_entropy(forward.flatten(0, 1), rows[:, 1:].flatten(), reduction="sum")
+    want += F.cross_entropy(backward.flatten(0, 1), rows[:, :-1].flatten(), reduction="sum")
+    torch.testing.assert_close(F.cross_entropy(logits, labels), want / len(labels))
+    assert_learns(ELMO, train, batch)
+
+
+def test_elmos_features_are_the_scalar_mix_of_its_layers_and_a_frozen_backbone_trains_only_it() -> None:
+    """ELMo's eq. 1: γ Σ softmax(s)_j h_j over the embeddings (twice) and each layer's two directions,
+    2·d wide; frozen, the head and the mix train and every other weight stays."""
+    from models.heads import SequenceHead
+
+    torch.manual_seed(0)
+    model = Transformer(ELMO).eval()
+    ids, pad = ids_of(2, 9), torch.ones(2, 9, dtype=torch.bool)
+    pad[1, 6:] = False
+    with torch.no_grad():
+        model.encoder.mix.weights.copy_(torch.tensor([0.5, -1.0, 2.0]))
+        model.encoder.mix.gamma.fill_(0.7)
+        layers = model.encoder.layers(model.embed_ids(ids), pad)
+        weights = torch.tensor([0.5, -1.0, 2.0]).softmax(0)
+        want = 0.7 * sum(w * layer for w, layer in zip(weights, layers, strict=True))
+        torch.testing.assert_close(model.encode(ids, pad), want)
+    assert [layer.shape[-1] for layer in layers] == [64, 64, 64]
+    head = SequenceHead(Transformer(ELMO), 2, frozen=True)
+    before = {name: p.detach().clone() for name, p in head.named_parameters()}
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(3):
+        loss = head.loss(head(ids, pad), torch.tensor([0, 1]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    changed = {name for name, p in head.named_parameters() if not torch.equal(p, before[name])}
+    assert changed == {"backbone.encoder.mix.weights", "backbone.encoder.mix.gamma", "out.weight", "out.bias"}

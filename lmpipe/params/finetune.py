@@ -43,6 +43,11 @@ class FinetuneCommonParams(Strict):
         "at this weight (GPT-1: 0.5); for the architectures whose fine-tuning reads the input as a causal "
         "LM (decoder)",
     )
+    frozen_backbone: bool = Field(
+        False,
+        description="ELMo's use of a pretrained model: its weights fixed, its features read by the head; "
+        "only the head and the weights the architecture leaves to a task (ELMo's scalar mix) train",
+    )
     eval_batch_size: int = Field(128, ge=1)
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
     precision: Literal["auto", "32-true", "bf16-mixed"] = Field(

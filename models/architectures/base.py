@@ -55,6 +55,15 @@ class Architecture(ArchitectureSpec):
     def pooled(self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str) -> Tensor:
         """[B, d]: one state per sequence for a fine-tuning head; `pad_mask` is True on real tokens."""
 
+    def pooled_size(self, cfg: ModelConfig) -> int:
+        """The width of `pooled`'s states."""
+        return cfg.d_model
+
+    def task_parameters(self, model: Transformer) -> list[nn.Parameter]:
+        """The model's weights that only a task trains (ELMo's scalar mix): trained with a frozen
+        backbone too."""
+        return []
+
     def pooled_and_lm_loss(
         self, model: Transformer, ids: Tensor, pad_mask: Tensor, pooling: str
     ) -> tuple[Tensor, Tensor]:

@@ -16,4 +16,5 @@ from models.specs.architectures import prefix_lm as prefix_lm
 from models.specs.architectures import encoder_decoder as encoder_decoder
 from models.specs.architectures import lstm as lstm
 from models.specs.architectures import cbow as cbow
+from models.specs.architectures import elmo as elmo
 # isort: on

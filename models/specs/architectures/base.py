@@ -21,7 +21,9 @@ class ArchitectureSpec(ABC):
     # (`pooled_and_lm_loss`, `finetune.common.lm_loss_weight`)
     finetune_lm_loss: ClassVar[bool] = False
     paper_objective: ClassVar[str]  # the objective the paper that made it trained it with
-    lm_auto_class: ClassVar[str]  # the transformers Auto class of its LM head (a remote-code export)
+    # the transformers Auto class of its LM head (a remote-code export); None: it exports no LM class
+    # (ELMo's two LMs read the row both ways, which no transformers LM class does)
+    lm_auto_class: ClassVar[str | None]
     # the transformers classes that compute what it does in some configuration, tried in this order
     # (models/hf.py: NATIVE says which configuration each needs); else the export is remote code, and
     # `remote_because` says why no class has it

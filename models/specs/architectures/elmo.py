@@ -10,7 +10,7 @@ from typing import Any
 
 from models.pair import PairKind
 from models.specs.architectures.base import ArchitectureSpec, register
-from models.specs.architectures.lstm import lstm_flops
+from models.specs.architectures.lstm import check_cells, lstm_flops
 
 
 class ELMoSpec(ArchitectureSpec):
@@ -28,11 +28,7 @@ class ELMoSpec(ArchitectureSpec):
 
     def check_model(self, model: Any) -> None:
         super().check_model(model)
-        if model.d_ff < model.d_model:
-            raise ValueError(
-                f"d_ff: arch elmo's {model.d_ff} cells a layer are projected to d_model ({model.d_model}), "
-                "so they cannot be fewer"
-            )
+        check_cells(self.name, model)
 
     def stack_flops(self, model: Any, batch: int, tokens: int) -> tuple[int, int]:
         forward, once = lstm_flops(model, batch, tokens)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.pair import PairKind
 from models.specs.architectures.base import register
 from models.specs.architectures.decoder import DecoderSpec
 
@@ -23,6 +22,15 @@ def lstm_flops(model: Any, batch: int, tokens: int) -> tuple[int, int]:
     return model.n_layers * batch * tokens * per_token, model.n_layers * first_step
 
 
+def check_cells(arch: str, model: Any) -> None:
+    """An LSTM stack's d_ff cells a layer are projected to d_model: never fewer."""
+    if model.d_ff < model.d_model:
+        raise ValueError(
+            f"d_ff: arch {arch}'s {model.d_ff} cells a layer are projected to d_model ({model.d_model}), "
+            "so they cannot be fewer"
+        )
+
+
 class LSTMSpec(DecoderSpec):
     name = "lstm"
     fits = frozenset({"sequence", "targets_only"})
@@ -33,16 +41,9 @@ class LSTMSpec(DecoderSpec):
     implementation = "models.architectures.lstm"
     positions = ("none",)
 
-    def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
-        return 0, inputs + targets - 1, targets - (inputs == 0)
-
     def check_model(self, model: Any) -> None:
         super().check_model(model)
-        if model.d_ff < model.d_model:
-            raise ValueError(
-                f"d_ff: arch lstm's {model.d_ff} cells a layer are projected to d_model ({model.d_model}), "
-                "so they cannot be fewer"
-            )
+        check_cells(self.name, model)
 
     def stack_flops(self, model: Any, batch: int, tokens: int) -> tuple[int, int]:
         return lstm_flops(model, batch, tokens)

@@ -30,10 +30,20 @@ from models.specs.objectives.lm import LMParams, prefix_bounds
 from models.transformer import Transformer, attention_mask
 
 VOCAB = 400
+
+
+def needs(objective: str) -> dict:
+    """The model values an objective needs, each as the values it allows (a declaration's defaults)."""
+    spec = OBJECTIVES[objective]
+    wanted = spec.model_needs(spec.Params())
+    return {key: value if isinstance(value, tuple) else (value,) for key, value in wanted.items()}
+
+
 FITTING = [
     (arch, objective)
     for arch, objective in itertools.product(ARCHITECTURES, OBJECTIVES)
     if OBJECTIVES[objective].kind in ARCHITECTURES[arch].fits
+    and arch in needs(objective).get("arch", (arch,))
 ]
 
 
@@ -125,8 +135,21 @@ def test_every_fitting_pair_trains_and_its_flops_are_counted(arch: str, objectiv
 
     run = PretrainParams(seq_len=24, batch_size=4)
     train = train_config(arch, objective, run, objectives_params(), seed=2)
-    model = ModelConfig(arch=arch, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=96)
-    batch = make_batch(rows(4, train.row_length()), train, batch_generator(2, 0), VOCAB)
+    positions = needs(objective).get("positions", ARCHITECTURES[arch].positions or ("learned",))[0]
+    model = ModelConfig(
+        arch=arch,
+        vocab_size=VOCAB,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        d_ff=64,
+        max_len=96,
+        positions=positions,
+    )
+    parts = OBJECTIVES[objective].components(train.objective_params)
+    tables = {name for _, part, own in parts for name in part.piece_tables(own)}
+    pieces = {name: torch.arange(VOCAB) % 3 != 1 for name in tables}  # two pieces in three start a word
+    batch = make_batch(rows(4, train.row_length()), train, batch_generator(2, 0), VOCAB, pieces=pieces)
     assert_learns(model, train, batch)
 
 

@@ -278,10 +278,11 @@ class PretrainSections(ModelsSections):
                 )
             fields = variant.config().to_dict()
             for key, needed in objective.model_needs(params).items():
-                if fields.get(key) != needed:
+                allowed = needed if isinstance(needed, tuple) else (needed,)
+                if fields.get(key) not in allowed:
                     raise ValueError(
-                        f"models.{name}.{key}: objective {variant.objective} needs {key} {needed}, not "
-                        f"{fields.get(key)}"
+                        f"models.{name}.{key}: objective {variant.objective} needs {key} "
+                        f"{' or '.join(map(str, allowed))}, not {fields.get(key)}"
                     )
             reads = longest_read(variant.arch, variant.objective, seq_len, params)
             if reads > max_len:

@@ -70,7 +70,8 @@ class ObjectiveSpec(ABC):
 
     def model_needs(self, params: ObjectiveParams) -> dict[str, Any]:
         """The values of `models.<name>` fields its implementation needs (XLNet's two-stream attention:
-        an encoder with relative attention), beyond the pair kinds an architecture takes."""
+        an encoder with relative attention), each a value or a tuple of the values allowed, beyond the
+        pair kinds an architecture takes."""
         return {}
 
     def piece_tables(self, params: ObjectiveParams) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ its pair (models/objectives/mtp.py says what it computes and how)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from models.specs.objectives.base import ObjectiveParams, ObjectiveSpec, register
 
@@ -60,6 +60,9 @@ class MultiTokenPrediction(ObjectiveSpec):
 
     def has_head(self, params: MTPParams) -> bool:
         return True
+
+    def model_needs(self, params: MTPParams) -> dict[str, Any]:
+        return {"arch": ("decoder", "prefix_lm")}  # its heads run a transformer decoder's blocks
 
 
 OBJECTIVE = register(MultiTokenPrediction())

@@ -543,7 +543,8 @@ class Transformer(nn.Module):
         if self.embed_norm is not None:
             return self.embed_norm
         stack = self.encoder if self.encoder is not None else self.decoder
-        return stack.edge_norm if stack.norms_input else None
+        # an architecture's own stacks (an LSTM's, CBOW's window) have no input norm
+        return stack.edge_norm if isinstance(stack, Stack) and stack.norms_input else None
 
     def embeddings(self, ids: Tensor) -> Tensor:
         """The tokens' embeddings with their positions and segments, before any projection (E wide

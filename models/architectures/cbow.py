@@ -20,7 +20,6 @@ class WindowMean(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.window = cfg.window
-        self.norms_input, self.edge_norm = False, None  # what a transformer stack's users ask of it
 
     def forward(self, x: Tensor, pad_mask: Tensor | None, rope: object = None, *context: object) -> Tensor:
         length = x.shape[1]

@@ -37,7 +37,6 @@ class BiLM(nn.Module):
         super().__init__()
         self.forward_lm, self.backward_lm = LSTMStack(cfg), LSTMStack(cfg, reverse=True)
         self.mix = ScalarMix(cfg.n_layers + 1)
-        self.norms_input, self.edge_norm = False, None  # what a transformer stack's users ask of it
 
     def layers(self, x: Tensor, pad_mask: Tensor | None) -> list[Tensor]:
         """ELMo's layers [B, T, 2d]: the embeddings twice, then each layer's two directions."""

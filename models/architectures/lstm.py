@@ -27,7 +27,6 @@ class LSTMStack(nn.Module):
             for _ in range(cfg.n_layers)
         )
         self.drop = nn.Dropout(cfg.dropout)
-        self.norms_input, self.edge_norm = False, None  # what a transformer stack's users ask of it
 
     def layer_states(self, x: Tensor, pad_mask: Tensor | None = None) -> list[Tensor]:
         """Each layer's output states, [B, T, d] each. Reading right to left, each row is reversed

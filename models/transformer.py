@@ -430,10 +430,16 @@ class Stack(nn.Module):
         kept = []
         for i, block in enumerate(self.blocks):
             previous = None if memory is None else memory[i]
-            entered = x if previous is None else torch.cat([previous, x], dim=1)
-            kept.append(entered[:, -mem_len:].detach())
+            kept.append(next_memory(x, previous, mem_len))
             x = block(x, mask, self.causal, rope, memory=previous)
         return self.exit(x), kept
+
+
+def next_memory(entering: Tensor, previous: Tensor | None, mem_len: int) -> Tensor:
+    """A block's memory for the next segment: the states that entered it over the last `mem_len`
+    positions of its memory and this segment, cut from the graph (Transformer-XL's, XLNet's)."""
+    entered = entering if previous is None else torch.cat([previous, entering], dim=1)
+    return entered[:, -mem_len:].detach()
 
 
 def attention_mask(

@@ -34,7 +34,7 @@ from models.special import SPECIAL
 from models.specs.objectives.plm import OBJECTIVE as DECLARED
 from models.specs.objectives.plm import PLMParams
 from models.stack_flops import lm_head_weights
-from models.transformer import Transformer
+from models.transformer import Transformer, next_memory
 
 
 def span_targets(starts: Tensor, predicted: int, k: int, max_span: int, generator: torch.Generator) -> Tensor:
@@ -130,8 +130,7 @@ def make_head(model: ModelConfig, params: PLMParams) -> nn.Module:
             for i, block in enumerate(stack.blocks):
                 previous = None if memory is None else memory[i]
                 if encoder.cfg.mem_len:
-                    entered = content if previous is None else torch.cat([previous, content], dim=1)
-                    kept.append(entered[:, -encoder.cfg.mem_len :].detach())
+                    kept.append(next_memory(content, previous, encoder.cfg.mem_len))
                 last = i == len(stack.blocks) - 1  # its content output is nobody's input
                 content, query = block.two_stream(
                     content, query, masks, at, previous, reversed_rows, content_out=not last

@@ -68,6 +68,8 @@ CARDS = (
             "no relative segment encodings and no [SEP]/[CLS] in the pretraining rows (XLNet's pairs "
             "have both); fine-tuning pools as the profile's encoder does, not on XLNet's last token",
             "the DAE row is our masked LM (80/10/10) on the Transformer-XL encoder with its memory",
+            "a reversed row's spans are drawn on its text as written, then reversed with it; XLNet's "
+            "`_sample_mask` draws them on the reversed text, where its word-start test finds word ends",
         ),
     ),
 )

@@ -42,14 +42,14 @@ ui: setup
 	print('MLflow:', ui_link(tracking_experiment(), $(UI_PORT)))"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(UI_PORT)
 
-# the tests' environment: setup's, the hf extra (transformers, for the export tests) and the bench extra
+# the tests' environment: setup's and the bench extra
 # (the references of bench/, whose scripts the suite runs at a toy size), in one install
 TEST_STAMP := $(VENV)/.installed-test
 test-setup: $(TEST_STAMP)
 
 $(TEST_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(INSTALL) '.[dev,hf,bench]'
+	$(INSTALL) '.[dev,bench]'
 	touch $(STAMP) $@
 
 # PYTEST_ARGS='-m "not slow"' leaves out the slow tier (real-text learning, resume, DDP, compile, fan-out)

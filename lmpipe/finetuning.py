@@ -180,6 +180,8 @@ class FinetuneJob:
     config: Any  # the model's ModelConfig
     objective: str  # its pretraining's: the declaration's code is the fine-tune's too
     pooling: str
+    method: str  # finetune.method
+    method_params: dict[str, Any]  # its params (finetune.methods.<method>), {} for full fine-tuning
     num_labels: int
     lr_key: str  # the dotted key of the lr, for the advice when the loss diverges
 
@@ -194,6 +196,7 @@ class FinetuneJob:
             "recipe": self.recipe.model_dump(),
             "common": self.common.model_dump(exclude={"pooling"}),  # its own pooling is the job's
             "pooling": self.pooling,
+            "method": {"name": self.method, **self.method_params},
             "files": depends_on,
             "code": code_digest("lmpipe.finetuning", self.objective, self.config.arch),
         }
@@ -215,6 +218,7 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
     """Fine-tune, then write the predictions of every evaluation split and `result.json` into `out`,
     whole or not at all. Returns the result with the loss of every step and the seconds it took, or
     {"error": ...} when the loss diverged."""
+    from models.finetune_methods import apply_method, parameter_counts
     from models.finetuning import finetune
     from models.heads import SequenceHead
     from models.training import NonFiniteLoss
@@ -227,8 +231,11 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
         pooling=job.pooling,
         dropout=job.common.dropout,
         lm_loss_weight=job.common.lm_loss_weight,
-        frozen=job.common.frozen_backbone,
-    ).to(device(job.common.accelerator))
+        frozen=job.method != "full",
+    )
+    apply_method(head.backbone, job.method, job.method_params, job.seed)
+    head = head.to(device(job.common.accelerator))
+    trained, total = parameter_counts(head)
     cfg = finetune_config(job.recipe, job.common, job.seed)
     try:
         losses = finetune(head, data.train_ids, data.train["label"].to_numpy(), cfg)
@@ -242,6 +249,8 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
         "train_rows": len(data.train),
         "eval_rows": {split: len(frame) for split, frame in data.evaluations.items()},
         "steps": len(losses),
+        "trained_parameters": trained,
+        "total_parameters": total,
         "train_loss": losses[-1],
         "eval_loss": eval_losses,
         "predictions_sha256": predictions_sha256(partial / "predictions"),
@@ -313,6 +322,8 @@ def planned_jobs(
     pretraining leaves the baselines' results in place)."""
     variant, jobs, outs = params.models[name], [], []
     config = variant.config(tokenizer["vocab_size"])
+    method = params.method_params()
+    method_params = {} if method is None else method.model_dump(exclude={"lr"})  # the lr is the recipe's
     for task_name in params.glue.tasks:
         task, recipe = TASKS[task_name], params.recipe_of(name, task_name)
         files = task_files(task)
@@ -332,6 +343,8 @@ def planned_jobs(
                     config=config,
                     objective=variant.objective,
                     pooling=common.pooling_of(variant.arch),
+                    method=params.finetune.method,
+                    method_params=method_params,
                     num_labels=1 if task.is_regression else len(task.labels or ()),
                     lr_key=params.recipe_key(name, task_name, "lr"),
                 )
@@ -362,6 +375,7 @@ def write_finetunes(
                         results[str(job.seed)] = cached_result(out)
                 first = next(iter(results.values()))
                 kept = ("steps", "train_loss", "eval_loss", "predictions_sha256")
+                counts = ("trained_parameters", "total_parameters")
                 summary = {
                     "model": name,
                     "task": task_name,
@@ -371,6 +385,8 @@ def write_finetunes(
                     "train_rows": first["train_rows"],
                     "eval_rows": first["eval_rows"],
                     "steps": first["steps"],
+                    "method": params.finetune.method,
+                    **{count: first[count] for count in counts},
                     "synthetic": params.glue.synthetic,
                     "tokenizer_sha256": tokenizer_sha,
                     # of the pretrained checkpoint; None from scratch

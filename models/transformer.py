@@ -127,6 +127,9 @@ class Attention(nn.Module):
             self.content_bias = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))  # u
             self.position_bias = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))  # v
         self.out = nn.Linear(d, d, bias=bias)
+        # prefix-tuning's keys and values before the sequence's, where a fine-tune adds them
+        # (models/finetune_methods.py: (k, v, mask, causal) -> (k, v, mask))
+        self.prefix = None
 
     def _heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -153,6 +156,8 @@ class Attention(nn.Module):
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.prefix is not None:
+            k, v, mask = self.prefix(k, v, mask, causal)
         if mask is not None and mask.is_floating_point():  # a position bias: in the queries' dtype
             mask = mask.to(q.dtype)
         y = F.scaled_dot_product_attention(
@@ -637,10 +642,13 @@ class Transformer(nn.Module):
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW parameter groups: weight decay on weight matrices, none on norms, biases and embeddings."""
+    """AdamW parameter groups of the weights that train: weight decay on weight matrices, none on norms,
+    biases and embeddings."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     decay, no_decay = [], []
     for param in model.parameters():
+        if not param.requires_grad:  # a frozen backbone's
+            continue
         (decay if param.ndim >= 2 and id(param) not in embeddings else no_decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 

@@ -6,7 +6,7 @@ else our own modules as remote code (`modeling_lmpipe.py`, loaded with `trust_re
 `tokenizer.json`, the SentencePiece model (unigram or BPE) as a `tokenizers` model with the same
 normalisation, ids and `[CLS] a [SEP] b [SEP]` template as fine-tuning; and a README saying which
 class and why.
-Writing needs no transformers; loading needs only it (`pip install '.[hf]'`).
+Writing needs no transformers; loading needs only it (a dependency of the project).
 """
 
 from __future__ import annotations

@@ -108,6 +108,8 @@ def log_runs(
             f"finetune.tasks.{job.task}": job.recipe.model_dump(),
             **{f"finetune.models.{name}.{k}": v for k, v in params.finetune.models.get(name, {}).items()},
             "finetune.common": job.common.model_dump(),
+            "finetune.method": job.method,
+            **({f"finetune.methods.{job.method}": job.method_params} if job.method_params else {}),
             "init": job.init,
             "train_rows": result["train_rows"],
             "seed": job.seed,
@@ -124,6 +126,7 @@ def log_runs(
             # the GLUE metrics come from `evaluate`, which scores the predictions and logs them here
             run.set_tags({PREDICTIONS_TAG: result["predictions_sha256"]})
             metrics = {"loss": result["eval_loss"], "steps": result["steps"]}
+            metrics |= {k: result[k] for k in ("trained_parameters", "total_parameters")}
             run.log_metrics({**metrics, "train_seconds": result["seconds"]})
         log.info(
             "%s %s %s seed %d: %d steps in %.1f s, train loss %.3f, %s",

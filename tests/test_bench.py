@@ -96,7 +96,7 @@ def test_clean_reference_runs_datatrove_on_the_same_documents(text_folder: Path,
 
 
 def test_train_throughput_steps_ours_and_the_transformers_models(tmp_path: Path) -> None:
-    pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]' (make test has it)")
+    pytest.importorskip("transformers", reason="transformers, a dependency: pip install -e .")
     tiny = ["--size", "tiny", "--steps", "1", "--warmup", "1"]
     lines = bench("train_throughput.py", *tiny, "--no-memory", cwd=tmp_path)
     assert [line["objective"] for line in lines] == ["mlm", "clm", "span"]

@@ -219,6 +219,7 @@ SHAPE = {
     "models/training.py": {"pretrain", "finetune", "code"},  # the seeds of batches and fine-tunes
     "models/finetuning.py": {"finetune"},
     "models/finetune_data.py": {"finetune"},
+    "models/finetune_methods.py": {"finetune"},
     "models/heads.py": {"finetune"},
     "models/hf.py": {"export"},
     "models/hf_remote.py": {"export"},  # read as source (the remote code), not imported

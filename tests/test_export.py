@@ -20,7 +20,7 @@ from models.transformer import Transformer
 from tests.pipeline_helpers import run_stages
 from tests.workdir import Workdir
 
-transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+transformers = pytest.importorskip("transformers", reason="transformers, a dependency: pip install -e .")
 
 SIZE = dict(d_model=64, n_layers=2, n_heads=4, d_ff=128, max_len=128)
 # the presets' variants at a test size: bert-base is a post-norm encoder, gpt1 a post-norm decoder,

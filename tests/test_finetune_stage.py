@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lmpipe.layout import FINETUNE_CACHE, predictions_sha256
+from lmpipe.layout import FINETUNE_CACHE, INITS, predictions_sha256
 from lmpipe.runtime import StageError, sha256_file
 from models.training import resolve_precision
 from tests.pipeline_helpers import run_stages
@@ -205,6 +205,44 @@ def test_evaluate_reports_the_synthetic_run(tuned: Workdir) -> None:
     assert "**Synthetic data.**" in report and "| enc (encoder, mlm) | pretrained |" in report
 
 
+def test_a_lora_fine_tune_trains_its_adapters_on_both_inits_and_the_report_says_what(tuned: Workdir) -> None:
+    """finetune.method lora: the counts in the summaries and MLflow, predictions unlike full
+    fine-tuning's, and the report's line on what the frozen scratch baseline is."""
+    import mlflow
+
+    from stages import evaluate
+
+    lora = {**OVERRIDES, "finetune.method": "lora", "finetune.methods.lora.rank": 4}
+    full = {init: pd.read_parquet(out(tuned, init) / "seed1/validation.parquet") for init in INITS}
+    try:
+        with tuned.changed(lora), contextlib.chdir(tuned.path):
+            finetune(tuned, "enc")
+            evaluate.main()
+            # the tiny preset: 2 layers of d 128, LoRA's A (4 × 128) and B (384 × 4) on each fused q, k, v;
+            # STS-B's regression head
+            trained = 2 * (4 * 128 + 384 * 4) + 128 + 1
+            for init in INITS:
+                summary = json.loads((out(tuned, init) / "summary.json").read_text())
+                assert summary["method"] == "lora" and summary["trained_parameters"] == trained
+                assert summary["total_parameters"] > 100 * trained
+                predictions = pd.read_parquet(out(tuned, init) / "seed1/validation.parquet")
+                assert not predictions["prediction"].equals(full[init]["prediction"])
+            runs = mlflow.search_runs(
+                experiment_names=["lmpipe"],
+                filter_string="params.`finetune.method` = 'lora'",
+                output_format="list",
+            )
+            assert len(runs) == 4
+            assert {run.data.metrics["trained_parameters"] for run in runs} == {trained}
+            assert {run.data.params["finetune.methods.lora.rank"] for run in runs} == {"4"}
+            report = (tuned.path / "reports/glue.md").read_text()
+            assert "*scratch* is then a random model, frozen the same way, with the same `lora`" in report
+            assert f"| enc (encoder, mlm; lora: {trained / 1e3:.1f} k of " in report
+    finally:
+        with tuned.changed(OVERRIDES), contextlib.chdir(tuned.path):
+            finetune(tuned, "enc")  # the module's other tests read full fine-tuning's outputs
+
+
 def test_a_model_pretrained_on_another_tokenizer_is_refused(tuned: Workdir) -> None:
     config_path = tuned.path / "checkpoints/enc/final/config.json"
     original = config_path.read_text()
@@ -279,6 +317,16 @@ BAD_PARAMS = [
     ({"finetune.seeds": [1, 1]}, r"finetune.seeds.*seeds must be distinct"),
     ({"finetune.common.precision": "16-mixed"}, r"finetune.common.precision='16-mixed': Input should be"),
     ({"finetune.models": {"enc": {"lr": -1}}}, r"finetune.models.enc.lr=-1: Input should be greater than 0"),
+    ({"finetune.method": "adapter"}, r"finetune.method='adapter': Input should be 'full', 'frozen', 'lora'"),
+    (
+        {"finetune.methods.lora.rank": 0},
+        r"finetune.methods.lora.rank=0: Input should be greater than or equal",
+    ),
+    (
+        {"finetune.methods.lora.targets": ["query"]},
+        r"finetune.methods.lora.targets\[0\]='query': Input should",
+    ),
+    ({"finetune.methods.houlsby.rank": 8}, r"finetune.methods.houlsby.rank: unknown key"),
 ]
 
 

@@ -164,7 +164,7 @@ def test_config_rejects_conflicts() -> None:
 def test_alibi_and_relative_positions_are_the_papers_own() -> None:
     """ALiBi's slopes as BLOOM computes them (any head count); T5's buckets as transformers' T5 does;
     the bias itself: ALiBi's −slope·distance, T5's table entry of each (query, key)'s bucket."""
-    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    transformers = pytest.importorskip("transformers", reason="transformers, a dependency: pip install -e .")
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
     from transformers.models.t5.modeling_t5 import T5Attention
 

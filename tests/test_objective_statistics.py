@@ -68,7 +68,7 @@ def test_bert_masking_is_the_stated_split_and_transformers_collators() -> None:
     """15 % of the tokens selected, each independently; of those 80 % [MASK], 10 % a random token,
     10 % kept (a random token equal to the original counts as kept), as BERT states and transformers'
     collator draws it, on the same 10,000 rows of 128 tokens."""
-    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    transformers = pytest.importorskip("transformers", reason="transformers, a dependency: pip install -e .")
     collator = transformers.DataCollatorForLanguageModeling(
         tokenizer(transformers), mlm_probability=0.15, seed=1
     )
@@ -203,7 +203,7 @@ def test_whole_word_masking_masks_words_as_transformers_collator_does() -> None:
     a selected word but where ours cuts its row's last word at the budget, and pick words of every
     length alike (the selected words' mean length is the text's). Ours then masks, replaces or keeps
     each word whole 80/10/10 as SpanBERT does; transformers' collator masks every selected piece."""
-    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    transformers = pytest.importorskip("transformers", reason="transformers, a dependency: pip install -e .")
     generator = np.random.default_rng(3)
     n_rows, width = 2_000, 128
     # even ids begin a word, odd ones continue it: the tokenizer's word-start table

@@ -24,7 +24,7 @@ from models.special import SPECIAL
 from models.specs.objectives import ObjectiveParams
 from models.transformer import Transformer, segment_ids
 
-transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+transformers = pytest.importorskip("transformers", reason="transformers, a dependency: pip install -e .")
 
 VOCAB, LENGTH, ROWS = 300, 32, 6
 TOLERANCE = dict(rtol=1e-4, atol=1e-5)

@@ -30,7 +30,7 @@ XL = ModelConfig(
 def xlnet_of(model: Transformer):
     """transformers' XLNet, causal (attn_type uni), with our model's weights: its relative attention is
     Transformer-XL's, with per-layer u and v (untie_r) and post-LN blocks."""
-    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    transformers = pytest.importorskip("transformers", reason="transformers, a dependency: pip install -e .")
     cfg = model.cfg
     d, heads, head = cfg.d_model, cfg.n_heads, cfg.head_dim
     xlnet = transformers.XLNetModel(

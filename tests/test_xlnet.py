@@ -58,7 +58,7 @@ def test_the_two_streams_compute_what_transformers_xlnet_does() -> None:
     """Three consecutive segments with a memory and bidirectional data (the last half of the rows
     reversed, their distances negated): the query stream's logits at the predicted positions and the
     memories are XLNetLMHeadModel's, given its perm_mask and target_mapping for the same order."""
-    transformers = pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
+    transformers = pytest.importorskip("transformers", reason="transformers, a dependency: pip install -e .")
     model_cfg = XLNET.with_(mem_len=16)
     train = plm("stream", k=4, bidirectional_data=True)
     module = module_with_random_weights(model_cfg, train)

@@ -15,7 +15,7 @@ RECURRENT = {"positions": "none"}  # the order read by the recurrence: no positi
 def elmo(frozen: bool) -> dict[str, Any]:
     return {
         **made_from("decoder_clm", "elmo_bilm", arch="elmo", n_layers=2, **RECURRENT),  # ELMo's two
-        "finetune.common.frozen_backbone": frozen,
+        "finetune.method": "frozen" if frozen else "full",
     }
 
 
@@ -70,7 +70,7 @@ CARDS = (
             "the task model is the same linear head for every row, on the row's pooling (CBOW and ELMo: "
             "the mean of the states; the LSTM and GPT-1: the last token; BERT: [CLS]); ELMo's papers "
             "put its features into task-specific biLSTM models",
-            "ELMo's frozen row trains only the head and the scalar mix (finetune.common.frozen_backbone), "
+            "ELMo's frozen row trains only the head and the scalar mix (finetune.method: frozen), "
             "and so does its scratch baseline: random frozen LSTMs",
             "the profile's GPT-1 and BERT rows (pre-LN, no next-sentence prediction) as the other presets "
             "have them",

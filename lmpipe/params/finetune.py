@@ -43,11 +43,6 @@ class FinetuneCommonParams(Strict):
         "at this weight (GPT-1: 0.5); for the architectures whose fine-tuning reads the input as a causal "
         "LM (decoder)",
     )
-    frozen_backbone: bool = Field(
-        False,
-        description="ELMo's use of a pretrained model: its weights fixed, its features read by the head; "
-        "only the head and the weights the architecture leaves to a task (ELMo's scalar mix) train",
-    )
     eval_batch_size: int = Field(128, ge=1)
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
     precision: Literal["auto", "32-true", "bf16-mixed"] = Field(
@@ -77,11 +72,71 @@ class FinetuneCommonParams(Strict):
         return self.pooling.get(arch, ARCHITECTURES[arch].poolings[0])
 
 
+class MethodParams(Strict):
+    """What every fine-tuning method but `full` may set."""
+
+    lr: float | None = Field(
+        None, gt=0, description="this method's lr for every task, in place of the task's (None: the task's)"
+    )
+
+
+class LoraParams(MethodParams):
+    rank: int = Field(8, ge=1, description="r: the rank of B A")
+    alpha: float = Field(16.0, gt=0, description="α: the update is scaled by α / r")
+    dropout: Fraction = Field(0.1, description="on LoRA's input")
+    targets: list[Literal["attention", "attention_out", "mlp"]] = Field(
+        ["attention"],
+        min_length=1,
+        description="the linear layers adapted: attention (the fused q, k, v projection), attention_out, "
+        "mlp (both layers)",
+    )
+
+
+class AdapterParams(MethodParams):
+    bottleneck: int = Field(64, ge=1, description="the adapter's inner width")
+
+
+class AdamixParams(AdapterParams):
+    bottleneck: int = Field(16, ge=1, description="each expert's inner width")
+    experts: int = Field(4, ge=1, description="the down and up projections each adapter mixes")
+
+
+class PrefixParams(MethodParams):
+    length: int = Field(16, ge=1, description="the keys and values before every self-attention's")
+    hidden: int = Field(512, ge=1, description="the width of the MLP that makes them (Li & Liang's)")
+
+
+class PromptParams(MethodParams):
+    length: int = Field(20, ge=1, description="the vectors before the input (they count towards max_len)")
+
+
+class FinetuneMethods(Strict):
+    """Each method's own params; `finetune.method` says which one applies."""
+
+    frozen: MethodParams = MethodParams()
+    lora: LoraParams = LoraParams()
+    houlsby: AdapterParams = AdapterParams()
+    pfeiffer: AdapterParams = AdapterParams()
+    adamix: AdamixParams = AdamixParams()
+    prefix: PrefixParams = PrefixParams()
+    prompt: PromptParams = PromptParams()
+
+
+Method = Literal["full", "frozen", "lora", "houlsby", "pfeiffer", "adamix", "prefix", "prompt"]
+
+
 class FinetuneParams(Strict):
     """Every pretrained model (and a from-scratch copy of it) fine-tuned on every task of `glue.tasks`,
     once per seed; reports give the median over seeds."""
 
     seeds: list[Seed] = Field([1, 2, 3], min_length=1)
+    method: Method = Field(
+        "full",
+        description="what trains: full (every weight), frozen (the head on fixed features, ELMo's), lora, "
+        "houlsby, pfeiffer, adamix, prefix or prompt (the backbone frozen, the method's weights and the "
+        "head trained; models/finetune_methods.py)",
+    )
+    methods: FinetuneMethods = FinetuneMethods()
     common: FinetuneCommonParams = FinetuneCommonParams()
     tasks: dict[str, FinetuneTaskParams] = {}
     # here, not under `models.<name>`, so that a fine-tuning change leaves `pretrain@<name>` (which
@@ -112,14 +167,26 @@ class FinetuneSections(ModelsSections):
     glue: GlueParams = GlueParams(path="data/sample/glue", synthetic=True)
     finetune: FinetuneParams = FinetuneParams()
 
+    def method_params(self) -> MethodParams | None:
+        """The params of `finetune.method` (None: full fine-tuning has none)."""
+        method = self.finetune.method
+        return None if method == "full" else getattr(self.finetune.methods, method)
+
     def recipe_of(self, model: str, task: str) -> FinetuneTaskParams:
-        """The recipe of `task` as it applies to `model`: its `finetune.models.<model>` values on top."""
-        own = self.finetune.models.get(model, {})
+        """The recipe of `task` as it applies to `model`: its `finetune.models.<model>` values on top, and
+        the method's lr on top of that."""
+        own = dict(self.finetune.models.get(model, {}))
+        method = self.method_params()
+        if method is not None and method.lr is not None:
+            own["lr"] = method.lr
         return FinetuneTaskParams.model_validate({**self.finetune.tasks[task].model_dump(), **own})
 
     def recipe_key(self, model: str, task: str, key: str) -> str:
-        """The dotted key that sets `key` of `task` for `model`: its own `finetune.models.<model>` or the
-        task's."""
+        """The dotted key that sets `key` of `task` for `model`: the method's lr, its own
+        `finetune.models.<model>` or the task's."""
+        method = self.method_params()
+        if key == "lr" and method is not None and method.lr is not None:
+            return f"finetune.methods.{self.finetune.method}.lr"
         own = self.finetune.models.get(model, {})
         return f"finetune.models.{model}.{key}" if key in own else f"finetune.tasks.{task}.{key}"
 
@@ -148,15 +215,36 @@ class FinetuneSections(ModelsSections):
         return self
 
     @model_validator(mode="after")
+    def _method_fits(self) -> FinetuneSections:
+        method = self.finetune.method
+        if method in ("full", "frozen"):
+            return self
+        for model, variant in self.models.items():
+            arch, config = ARCHITECTURES[variant.arch], variant.config()
+            fits = " or ".join(name for name, spec in ARCHITECTURES.items() if spec.transformer_blocks)
+            if not arch.transformer_blocks:
+                problem = f"arch '{variant.arch}' has no transformer blocks to add to (it fits arch {fits})"
+            elif method != "prompt" and config.share_layers != "none":
+                problem = f"its blocks share weights (share_layers: {config.share_layers}); use prompt"
+            elif method == "prefix" and config.positions == "xl":
+                problem = "Transformer-XL's relative attention takes no prefix (positions: xl)"
+            else:
+                continue
+            raise ValueError(f"finetune.method ({method}): models.{model}: {problem}")
+        return self
+
+    @model_validator(mode="after")
     def _tasks_have_recipes(self) -> FinetuneSections:
         for i, name in enumerate(self.glue.tasks):
             if name not in self.finetune.tasks:
                 raise ValueError(f"finetune.tasks.{name}: required, glue.tasks[{i}] is '{name}'")
             for model, variant in self.models.items():
                 max_len, recipe = variant.config_fields()["max_len"], self.recipe_of(model, name)
-                if recipe.max_len > max_len:
+                prompt = self.finetune.methods.prompt.length if self.finetune.method == "prompt" else 0
+                if recipe.max_len + prompt > max_len:
+                    plus = f" + finetune.methods.prompt.length ({prompt})" if prompt else ""
                     raise ValueError(
-                        f"{self.recipe_key(model, name, 'max_len')} ({recipe.max_len}) is longer than "
-                        f"models.{model}.max_len ({max_len})"
+                        f"{self.recipe_key(model, name, 'max_len')} ({recipe.max_len}){plus} is longer "
+                        f"than models.{model}.max_len ({max_len})"
                     )
         return self

@@ -343,6 +343,18 @@ def report(
         f"Δ = pretrained − scratch [95 % interval] and its verdict, from a {METHOD}: the same resampled dev "
         "examples for both inits and all seeds; `better`/`worse` when the interval excludes 0.",
         "",
+    ]
+    method = params.finetune.method
+    if method != "full":
+        trains = "only the head trains" if method == "frozen" else "only its weights and the head train"
+        same = "" if method == "frozen" else f", with the same `{method}` weights trained"
+        lines += [
+            f"Fine-tuning method: `{method}` (`finetune.method`): the pretrained weights stay fixed and "
+            f"{trains}. *scratch* is then a random model, frozen the same way{same}: Δ says what the "
+            "pretrained weights give the method, not what a whole model fine-tuned from scratch reaches.",
+            "",
+        ]
+    lines += [
         "| Model | Init | "
         + " | ".join(f"{title(k)} {metric_names[k]}" for k in evaluations)
         + " | Average |",
@@ -350,7 +362,7 @@ def report(
     ]
     for model in medians:
         variant = params.models[model]
-        label = f"{model} ({variant.arch}, {variant.objective})"
+        label = f"{model} ({variant.arch}, {variant.objective}{trained_share(params, model)})"
         for init in INITS:
             cells = [
                 f"{summary[model][init][k]:.1f} ({summary[model][f'{init}_mean'][k]:.1f} ± "
@@ -385,6 +397,24 @@ def report(
         "",
     ]
     return "\n".join(lines)
+
+
+def trained_share(params: FinetuneSections, model: str) -> str:
+    """`; lora: 1.1 k of 29.9 k weights trained (3.6 %)`, beside a model's name: what the fine-tuning
+    method trains of the model and its head, as its first task's summary counts them ("" for full
+    fine-tuning, which trains everything)."""
+    if params.finetune.method == "full":
+        return ""
+    path = finetune_dir(model, params.glue.tasks[0], "pretrained") / "summary.json"
+    summary = read_json(path, finetune_stage(model))
+    trained, total = summary["trained_parameters"], summary["total_parameters"]
+    share = f"{100 * trained / total:.2g} %"
+    return f"; {summary['method']}: {count(trained)} of {count(total)} weights trained ({share})"
+
+
+def count(n: int) -> str:
+    """A parameter count as the papers print it: 355.0 M, 0.8 M; 29.9 k below 0.1 M."""
+    return f"{n / 1e6:.1f} M" if n >= 1e5 else f"{n / 1e3:.1f} k"
 
 
 def bar_figure(summary: dict[str, Any], synthetic: bool) -> Any:

@@ -30,6 +30,8 @@ class ArchitectureSpec(ABC):
     export_classes: ClassVar[tuple[str, ...]] = ()
     remote_because: ClassVar[str] = ""
     implementation: ClassVar[str]  # the module of its implementation, a subclass of this declaration
+    # its stacks are transformer blocks: the fine-tuning methods that add to attention or the MLP fit it
+    transformer_blocks: ClassVar[bool] = True
     # the positions it takes (None: any); a recurrent stack reads the order itself
     positions: ClassVar[tuple[str, ...] | None] = None
 

@@ -19,6 +19,7 @@ class CBOWSpec(ArchitectureSpec):
     remote_because = "transformers has no CBOW model"
     implementation = "models.architectures.cbow"
     positions = ("none",)
+    transformer_blocks = False
 
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
         return inputs, 0, predicted

@@ -21,6 +21,7 @@ class ELMoSpec(ArchitectureSpec):
     remote_because = "transformers has no ELMo"
     implementation = "models.architectures.elmo"
     positions = ("none",)
+    transformer_blocks = False
 
     def tokens(self, kind: PairKind, inputs: int, targets: int, predicted: float) -> tuple[int, int, float]:
         # each direction reads all of the row but one end and predicts the rest

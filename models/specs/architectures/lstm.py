@@ -40,6 +40,7 @@ class LSTMSpec(DecoderSpec):
     remote_because = "transformers has no LSTM language model"
     implementation = "models.architectures.lstm"
     positions = ("none",)
+    transformer_blocks = False
 
     def check_model(self, model: Any) -> None:
         super().check_model(model)

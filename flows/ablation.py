@@ -273,6 +273,7 @@ def comparison(
             pretrain = results[point.index]["pretrain"][model]
             row["pretrain_steps"], row["train_flops"] = pretrain["steps"], pretrain["train_flops"]
             row["parameters"] = pretrain["parameters"]  # T5's table sets 2P (encoder-decoder) against P
+            row["weights"] = scores["weights"]  # what fine-tuning trains of them (finetune.method)
             curve = results[point.index]["curves"][model]["train_loss"].dropna()
             row["final_train_loss"] = float(curve.iloc[-1]) if len(curve) else float("nan")
             rows.append(row)
@@ -407,6 +408,7 @@ def markdown(
     best: pd.DataFrame | None = None,
     here: Mapping[str, str] | None = None,
 ) -> str:
+    from lmpipe.report.glue import weights_trained
     from lmpipe.report.significance import METHOD
 
     tasks = task_columns(table)
@@ -429,6 +431,8 @@ def markdown(
     paper = ["the paper's row", "the paper's Δ vs ★"] if card is not None else []
     columns = ["experiment", *paper, *swept, "model", "GLUE average", *tasks, "scratch average"]
     columns += ["Δ vs scratch", "Δ vs baseline", "parameters", "pretrain steps", "pretrain FLOPs"]
+    methods = "finetune.method" in swept  # then what each point's method trains is what it varies
+    columns += ["fine-tuning trains"] if methods else []
     columns += ["final train loss"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in table.to_dict("records"):
@@ -443,6 +447,7 @@ def markdown(
         cells += [_interval(row, "delta_average")]
         cells += [_interval(row, "vs_baseline"), f"{row['parameters'] / 1e6:.2f} M"]
         cells += [f"{row['pretrain_steps']}", f"{row['train_flops']:.3g}"]
+        cells += [weights_trained(row["weights"])] if methods else []
         cells += [f"{row['final_train_loss']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Per task, Δ vs baseline:", ""]

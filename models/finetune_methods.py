@@ -5,12 +5,14 @@ are frozen: what it adds, and what then trains.
   mix) on the fixed features (ELMo's use of a biLM).
 - `lora` (Hu et al., 2021), through `peft`: W x + (α/r)·B A x on the chosen linear layers, A and B
   trained (B starts at zero, so the model starts as the pretrained one).
-- `houlsby` (Houlsby et al., 2019): a bottleneck adapter, y + U f(D y), on the output of each block's
-  attention and of its MLP, before the residual sum; U starts at zero.
-- `pfeiffer` (Pfeiffer et al., 2021): the same adapter on the MLP's output alone.
-- `adamix` (Wang et al., 2022): Houlsby's adapters, each a mixture of `experts` down and up projections:
-  every training step routes through one down and one up projection drawn at random, inference through
-  the mean of their weights.
+- `houlsby` (Houlsby et al., 2019): a bottleneck adapter, y + U swish(D y), on the output of each
+  block's attention and of its MLP, before the residual sum; U starts at zero.
+- `pfeiffer` (Pfeiffer et al., 2021): the adapter on the MLP's output alone, with ReLU (the
+  activations of the code behind the LoRA paper's adapter rows, microsoft/AdaMix's).
+- `adamix` (Wang et al., 2022): one adapter on each MLP's output, y + U gelu(D y), a mixture of
+  `experts` down projections (and up projections, unless `share_up`, AdaMix's default): every forward
+  pass in training routes through one of each drawn at random, inference through the mean of their
+  weights, as microsoft/AdaMix's ExpertSoup.
 - `prefix` (Li & Liang, 2021): `length` trained keys and values before the sequence's in every
   self-attention, made by an MLP from a `length` × d table (the paper's reparameterisation).
 - `prompt` (Lester et al., 2021): `length` trained vectors before the input's embeddings, initialised
@@ -45,37 +47,40 @@ LORA_TARGETS = {
 
 
 class Adapter(nn.Module):
-    """Houlsby's bottleneck: y + U relu(D y), the identity at initialisation (U = 0)."""
+    """A bottleneck adapter: y + U f(D y), the identity at initialisation (U = 0)."""
 
-    def __init__(self, width: int, bottleneck: int, std: float = 0.01) -> None:
+    def __init__(self, width: int, bottleneck: int, activation: Any, std: float = 0.01) -> None:
         super().__init__()
         self.down = nn.Linear(width, bottleneck)
         self.up = nn.Linear(bottleneck, width)
+        self.activation = activation
         nn.init.normal_(self.down.weight, std=std)
         nn.init.zeros_(self.down.bias)
         nn.init.zeros_(self.up.weight)
         nn.init.zeros_(self.up.bias)
 
     def forward(self, y: Tensor) -> Tensor:
-        return y + self.up(F.relu(self.down(y)))
+        return y + self.up(self.activation(self.down(y)))
 
 
 class MixtureAdapter(nn.Module):
-    """AdaMix's adapter: `experts` down and up projections; in training one of each, drawn at random
-    every forward pass (from torch's generator, which the loop seeds every step), in evaluation the
-    mean of their weights (the paper's merging: one adapter's cost at inference)."""
+    """AdaMix's adapter: `experts` down projections and as many up projections, or one shared
+    (`share_up`); in training one of each, drawn at random every forward pass (from torch's generator,
+    which the loop seeds every step), in evaluation the mean of their weights (the paper's merging:
+    one adapter's cost at inference)."""
 
-    def __init__(self, width: int, bottleneck: int, experts: int, std: float = 0.01) -> None:
+    def __init__(self, width: int, bottleneck: int, experts: int, share_up: bool, std: float = 0.01) -> None:
         super().__init__()
+        ups = 1 if share_up else experts
         self.down = nn.Parameter(torch.randn(experts, bottleneck, width) * std)
-        self.up = nn.Parameter(torch.zeros(experts, width, bottleneck))
+        self.up = nn.Parameter(torch.zeros(ups, width, bottleneck))
         # the biases one vector each, so that AdamW's groups leave them undecayed as every bias
         self.down_bias = nn.ParameterList(torch.zeros(bottleneck) for _ in range(experts))
-        self.up_bias = nn.ParameterList(torch.zeros(width) for _ in range(experts))
+        self.up_bias = nn.ParameterList(torch.zeros(width) for _ in range(ups))
 
     def forward(self, y: Tensor) -> Tensor:
         if self.training:
-            down, up = torch.randint(len(self.down), (2,)).tolist()
+            down, up = torch.randint(len(self.down), ()).item(), torch.randint(len(self.up), ()).item()
             weights = (self.down[down], self.down_bias[down], self.up[up], self.up_bias[up])
         else:
             weights = (
@@ -84,7 +89,7 @@ class MixtureAdapter(nn.Module):
                 self.up.mean(0),
                 torch.stack(list(self.up_bias)).mean(0),
             )
-        return y + F.linear(F.relu(F.linear(y, weights[0], weights[1])), weights[2], weights[3])
+        return y + F.linear(F.gelu(F.linear(y, weights[0], weights[1])), weights[2], weights[3])
 
 
 def _after(adapter: nn.Module, module: nn.Module, args: Any, output: Tensor) -> Tensor:
@@ -202,15 +207,13 @@ def apply_method(model: Transformer, method: str, options: dict[str, Any], seed:
             target_modules=rf".*\.({targets})",
         )
         inject_adapter_in_model(config, model)
-    elif method in ("houlsby", "pfeiffer"):
-        branches = ("self_attn", "mlp") if method == "houlsby" else ("mlp",)
-        add_adapters(model, lambda: Adapter(width, options["bottleneck"]), branches)
+    elif method == "houlsby":
+        add_adapters(model, lambda: Adapter(width, options["bottleneck"], F.silu), ("self_attn", "mlp"))
+    elif method == "pfeiffer":
+        add_adapters(model, lambda: Adapter(width, options["bottleneck"], F.relu), ("mlp",))
     elif method == "adamix":
-        add_adapters(
-            model,
-            lambda: MixtureAdapter(width, options["bottleneck"], options["experts"]),
-            ("self_attn", "mlp"),
-        )
+        experts, share_up = options["experts"], options["share_up"]
+        add_adapters(model, lambda: MixtureAdapter(width, options["bottleneck"], experts, share_up), ("mlp",))
     elif method == "prefix":
         add_prefixes(model, options["length"], options["hidden"])
     elif method == "prompt":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lmpipe.params.finetune import FinetuneSections
 from models.config import ModelConfig
@@ -21,19 +22,19 @@ OPTIONS = {
     "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "targets": ["attention"]},
     "houlsby": {"bottleneck": 8},
     "pfeiffer": {"bottleneck": 8},
-    "adamix": {"bottleneck": 4, "experts": 3},
+    "adamix": {"bottleneck": 4, "experts": 3, "share_up": False},
     "prefix": {"length": 5, "hidden": 16},
     "prompt": {"length": 6},
 }
 # what each trains besides the head, on CFG: LoRA's A (r × d) and B (3d × r) on the fused q, k, v of
-# each layer; an adapter's down (d → b) and up (b → d) with biases, two a layer (Houlsby, AdaMix) or
-# one (Pfeiffer), AdaMix's times its experts; the prefix's table and MLP (d → 16 → 2·L·d); the prompt
+# each layer; an adapter's down (d → b) and up (b → d) with biases, two a layer (Houlsby) or one
+# (Pfeiffer, AdaMix: times its experts); the prefix's table and MLP (d → 16 → 2·L·d); the prompt
 ADDED = {
     "frozen": 0,
     "lora": L * (4 * D + 3 * D * 4),
     "houlsby": 2 * L * (2 * D * 8 + 8 + D),
     "pfeiffer": L * (2 * D * 8 + 8 + D),
-    "adamix": 3 * 2 * L * (2 * D * 4 + 4 + D),
+    "adamix": 3 * L * (2 * D * 4 + 4 + D),
     "prefix": 5 * D + (D * 16 + 16) + (16 * 2 * L * D + 2 * L * D),
     "prompt": 6 * D,
 }
@@ -112,7 +113,7 @@ def test_prefix_and_prompt_take_every_position_scheme(method: str, positions: st
 
 def test_adamix_routes_at_random_in_training_and_averages_its_experts_in_evaluation() -> None:
     torch.manual_seed(0)
-    mix = MixtureAdapter(8, 4, experts=3)
+    mix = MixtureAdapter(8, 4, experts=3, share_up=False)
     with torch.no_grad():
         for weights in (mix.up, *mix.up_bias, *mix.down_bias):
             weights.normal_()
@@ -121,7 +122,7 @@ def test_adamix_routes_at_random_in_training_and_averages_its_experts_in_evaluat
     down, up = mix.down.mean(0), mix.up.mean(0)
     down_bias = torch.stack(list(mix.down_bias)).mean(0)
     up_bias = torch.stack(list(mix.up_bias)).mean(0)
-    torch.testing.assert_close(mix(y), y + torch.relu(y @ down.T + down_bias) @ up.T + up_bias)
+    torch.testing.assert_close(mix(y), y + F.gelu(y @ down.T + down_bias) @ up.T + up_bias)
     mix.train()
     torch.manual_seed(1)
     first = [mix(y) for _ in range(8)]
@@ -134,10 +135,11 @@ def test_adamix_routes_at_random_in_training_and_averages_its_experts_in_evaluat
         for j in range(3)
         for out in first
         if torch.allclose(
-            out, y + torch.relu(y @ mix.down[i].T + mix.down_bias[i]) @ mix.up[j].T + mix.up_bias[j]
+            out, y + F.gelu(y @ mix.down[i].T + mix.down_bias[i]) @ mix.up[j].T + mix.up_bias[j]
         )
     }
     assert made <= routes and len(made) > 1
+    assert len(MixtureAdapter(8, 4, experts=3, share_up=True).up) == 1  # AdaMix's default: one up
 
 
 def sections(method: str, model: dict, **methods: dict) -> FinetuneSections:

@@ -196,8 +196,9 @@ def test_evaluate_reports_the_synthetic_run(tuned: Workdir) -> None:
     glue = json.loads((tuned.path / "metrics/glue.json").read_text())
     assert set(glue["enc"]) == {
         *("pretrained", "scratch", "pretrained_mean", "pretrained_std", "scratch_mean", "scratch_std"),
-        *("delta", "delta_low", "delta_high", "verdict", "delta_detectable"),
+        *("delta", "delta_low", "delta_high", "verdict", "delta_detectable", "weights"),
     }
+    assert glue["enc"]["weights"]["trained"] == glue["enc"]["weights"]["total"]  # full fine-tuning
     assert glue["enc"]["verdict"]["stsb"] in ("better", "worse", "within noise")
     assert glue["enc"]["delta_detectable"]["average"] > 0
     assert set(glue["enc"]["pretrained"]) == {"stsb", "average"}
@@ -238,6 +239,8 @@ def test_a_lora_fine_tune_trains_its_adapters_on_both_inits_and_the_report_says_
             report = (tuned.path / "reports/glue.md").read_text()
             assert "*scratch* is then a random model, frozen the same way, with the same `lora`" in report
             assert f"| enc (encoder, mlm; lora: {trained / 1e3:.1f} k of " in report
+            glue = json.loads((tuned.path / "metrics/glue.json").read_text())
+            assert glue["enc"]["weights"] == {"trained": trained, "total": summary["total_parameters"]}
     finally:
         with tuned.changed(OVERRIDES), contextlib.chdir(tuned.path):
             finetune(tuned, "enc")  # the module's other tests read full fine-tuning's outputs

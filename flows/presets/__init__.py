@@ -152,6 +152,7 @@ def _cards() -> dict[str, Card]:
         lineage,
         mae_lm,
         mtp,
+        peft,
         roberta,
         spanbert,
         systems,
@@ -178,6 +179,7 @@ def _cards() -> dict[str, Card]:
         xlnet,
         mtp,
         unilm,
+        peft,
     ):
         for card in module.CARDS:
             if card.preset in cards:

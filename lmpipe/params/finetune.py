@@ -98,7 +98,8 @@ class AdapterParams(MethodParams):
 
 class AdamixParams(AdapterParams):
     bottleneck: int = Field(16, ge=1, description="each expert's inner width")
-    experts: int = Field(4, ge=1, description="the down and up projections each adapter mixes")
+    experts: int = Field(4, ge=1, description="the down (and up) projections each adapter mixes")
+    share_up: bool = Field(True, description="one up projection for all experts (AdaMix's sharing_up)")
 
 
 class PrefixParams(MethodParams):

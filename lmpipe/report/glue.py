@@ -399,17 +399,26 @@ def report(
     return "\n".join(lines)
 
 
+def weight_counts(params: FinetuneSections, model: str) -> dict[str, int]:
+    """{"trained", "total"}: the weights the fine-tuning method trains of the model and its head, and
+    all of them, as its first task's summary counts them (metrics/glue.json: `weights`)."""
+    path = finetune_dir(model, params.glue.tasks[0], "pretrained") / "summary.json"
+    summary = read_json(path, finetune_stage(model))
+    return {"trained": summary["trained_parameters"], "total": summary["total_parameters"]}
+
+
 def trained_share(params: FinetuneSections, model: str) -> str:
-    """`; lora: 1.1 k of 29.9 k weights trained (3.6 %)`, beside a model's name: what the fine-tuning
-    method trains of the model and its head, as its first task's summary counts them ("" for full
+    """`; lora: 1.1 k of 29.9 k weights trained (3.6 %)`, beside a model's name ("" for full
     fine-tuning, which trains everything)."""
     if params.finetune.method == "full":
         return ""
-    path = finetune_dir(model, params.glue.tasks[0], "pretrained") / "summary.json"
-    summary = read_json(path, finetune_stage(model))
-    trained, total = summary["trained_parameters"], summary["total_parameters"]
-    share = f"{100 * trained / total:.2g} %"
-    return f"; {summary['method']}: {count(trained)} of {count(total)} weights trained ({share})"
+    return f"; {params.finetune.method}: {weights_trained(weight_counts(params, model))}"
+
+
+def weights_trained(weights: dict[str, int]) -> str:
+    """`1.1 k of 29.9 k weights trained (3.6 %)`."""
+    trained, total = weights["trained"], weights["total"]
+    return f"{count(trained)} of {count(total)} weights trained ({100 * trained / total:.2g} %)"
 
 
 def count(n: int) -> str:
@@ -510,6 +519,8 @@ def evaluate(params: FinetuneSections) -> Evaluation:
         for model in params.models
     }
     summary = glue_metrics(medians, seed_spread(scored.table), versus_scratch)
+    for model in summary:  # what the fine-tuning method trains of the model and its head
+        summary[model]["weights"] = weight_counts(params, model)
     best = max(summary, key=lambda m: summary[m]["pretrained"]["average"])
     versus_best = {
         other: differences(scored, (best, "pretrained"), (other, "pretrained"), params.seed)["average"]

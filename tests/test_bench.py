@@ -106,6 +106,18 @@ def test_train_throughput_steps_ours_and_the_transformers_models(tmp_path: Path)
     assert line["ours_peak_mb"] > 0 and line["ref_peak_mb"] > 0
 
 
+def test_finetune_methods_steps_every_method_beside_full_fine_tuning(tmp_path: Path) -> None:
+    tiny = ["--size", "tiny", "--steps", "1", "--warmup", "0"]
+    lines = bench("finetune_methods.py", *tiny, "--no-memory", cwd=tmp_path)
+    assert [line["method"] for line in lines] == [
+        "frozen", "lora", "houlsby", "pfeiffer", "adamix", "prefix", "prompt"
+    ]  # fmt: skip
+    assert all(0 < line["trained"] < line["total"] and line["time_ratio"] > 0 for line in lines)
+    assert all(line["training_state_mb"] < line["full_training_state_mb"] for line in lines[:-2])
+    [line] = bench("finetune_methods.py", *tiny, "--methods", "lora", cwd=tmp_path)  # a process each
+    assert line["peak_mb"] > 0 and line["full_peak_mb"] > 0
+
+
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_pipeline_flow_and_dvc_repro_leave_the_same_lock(tmp_path: Path) -> None:
     """Both runners in fresh clones of HEAD, stage `sample` alone: the benchmark exits non-zero when

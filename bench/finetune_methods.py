@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.train_throughput import _status_mb  # noqa: E402
+from bench.train_throughput import _status_mb, measure_memory  # noqa: E402
 from lmpipe.params.finetune import FinetuneMethods  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from models.finetune_methods import apply_method, parameter_counts  # noqa: E402
@@ -80,16 +80,6 @@ def peak_memory_mb(method: str, size: str, queue: multiprocessing.Queue) -> None
     queue.put(_status_mb("VmHWM") - before)
 
 
-def measure_memory(method: str, size: str) -> float:
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    process = ctx.Process(target=peak_memory_mb, args=(method, size, queue))
-    process.start()
-    value = queue.get(timeout=600)
-    process.join()
-    return round(value, 1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
@@ -102,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     batch = batch_for(args.size)
     full_step, full_head = step_of("full", args.size)
-    full_memory = measure_memory("full", args.size) if args.memory else None
+    full_memory = measure_memory(peak_memory_mb, "full", args.size) if args.memory else None
     for method in args.methods:
         steps = {"full": full_step, method: step_of(method, args.size)[0]}
         times: dict[str, list[float]] = {name: [] for name in steps}
@@ -129,7 +119,10 @@ def main() -> None:
             "size": args.size,
         }
         if args.memory:
-            line["peak_mb"], line["full_peak_mb"] = measure_memory(method, args.size), full_memory
+            line["peak_mb"], line["full_peak_mb"] = (
+                measure_memory(peak_memory_mb, method, args.size),
+                full_memory,
+            )
             line["memory_ratio"] = round(line["peak_mb"] / full_memory, 2)
         print(json.dumps(line), flush=True)
 

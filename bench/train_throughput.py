@@ -16,7 +16,9 @@ import multiprocessing
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -146,10 +148,11 @@ def peak_memory_mb(kind: str, objective: str, size: str, queue: multiprocessing.
     queue.put(_status_mb("VmHWM") - before)
 
 
-def measure_memory(kind: str, objective: str, size: str) -> float:
+def measure_memory(target: Callable[..., None], *args: Any) -> float:
+    """The peak memory `target(*args, queue)` puts on the queue, run in a spawned process of its own."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    process = ctx.Process(target=peak_memory_mb, args=(kind, objective, size, queue))
+    process = ctx.Process(target=target, args=(*args, queue))
     process.start()
     value = queue.get(timeout=600)
     process.join()
@@ -189,8 +192,8 @@ def main() -> None:
             "size": args.size,
         }
         if args.memory:
-            line["ours_peak_mb"] = measure_memory("ours", objective, args.size)
-            line["ref_peak_mb"] = measure_memory("ref", objective, args.size)
+            line["ours_peak_mb"] = measure_memory(peak_memory_mb, "ours", objective, args.size)
+            line["ref_peak_mb"] = measure_memory(peak_memory_mb, "ref", objective, args.size)
         print(json.dumps(line), flush=True)
 
 

@@ -30,6 +30,7 @@ from lmpipe.layout import (
     final_checkpoint,
     finetune_cache,
     finetune_out,
+    hf_export,
     predictions_sha256,
 )
 from lmpipe.params.finetune import FinetuneCommonParams, FinetuneSections, FinetuneTaskParams
@@ -233,6 +234,13 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
         lm_loss_weight=job.common.lm_loss_weight,
         frozen=job.method != "full",
     )
+    exported = (
+        job.method == "lora" and job.init == "pretrained"
+    )  # an adapter for peft (models/peft_export.py)
+    if exported:
+        from models.peft_export import lora_adapter_class
+
+        layout, unexported = lora_adapter_class(head.backbone)  # the export's class, before LoRA renames
     apply_method(head.backbone, job.method, job.method_params, job.seed)
     head = head.to(device(job.common.accelerator))
     trained, total = parameter_counts(head)
@@ -245,6 +253,13 @@ def run_job(job: FinetuneJob, out: Path) -> dict[str, Any]:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     eval_losses = predict_splits(head, data, job.common, partial / "predictions")
+    if exported and unexported is None:
+        from models.peft_export import write_lora_adapter
+
+        base = str(hf_export(job.model))
+        write_lora_adapter(
+            partial / "adapter", head.backbone, head.out, layout, job.method_params, job.pooling, base
+        )
     result = {
         "train_rows": len(data.train),
         "eval_rows": {split: len(frame) for split, frame in data.evaluations.items()},
@@ -372,6 +387,8 @@ def write_finetunes(
                 for job, out in zip(jobs, outs, strict=True):
                     if (job.task, job.init) == (task_name, init):
                         shutil.copytree(out / "predictions", task_dir / f"seed{job.seed}")
+                        if (out / "adapter").is_dir():  # a LoRA fine-tune's, for peft
+                            shutil.copytree(out / "adapter", task_dir / f"seed{job.seed}" / "adapter")
                         results[str(job.seed)] = cached_result(out)
                 first = next(iter(results.values()))
                 kept = ("steps", "train_loss", "eval_loss", "predictions_sha256")

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from models.hf_classes import native_class
 from models.special import SPECIAL
 from models.transformer import Transformer
 
@@ -64,23 +65,6 @@ class HFLayout:
     why: str  # for the export's README
 
 
-def _differences(model: Transformer) -> list[str]:
-    """How the model differs from what GPT-2, BERT, XLM-R XL and XLNet compute beyond their positions
-    (NATIVE): LayerNorm with bias, GELU, biases, no segment embeddings (theirs come from
-    token_type_ids), and none of ALBERT's factorised embeddings or shared layers (its transformers class
-    has a head ours lacks)."""
-    cfg = model.cfg
-    differs = {
-        "norm": cfg.norm != "layernorm",
-        "mlp": cfg.mlp != "gelu",
-        "bias": not cfg.bias,
-        "segment_embeddings": cfg.segment_embeddings,
-        "embedding_size": cfg.embedding_size is not None,
-        "share_layers": cfg.share_layers != "none",
-    }
-    return [f"{key}={getattr(cfg, key)}" for key, different in differs.items() if different]
-
-
 def without_lm_head(layout: HFLayout, objective: str) -> HFLayout:
     """The layout of a model whose objective never trained its tied LM head (ELECTRA's discriminator):
     no LM class and no fill-mask pipeline, only the backbone and the sequence classifier."""
@@ -103,11 +87,19 @@ FILL_MASK = {
 }
 
 
-def _tied_masked_lm(class_name: str) -> dict[str, Any]:
+def _tied_masked_lm(class_name: str, classification: str | None = None) -> dict[str, Any]:
     """A native encoder's masked-LM class: the remote one of models/hf_remote.py that has the head ours
-    trained, and the fill-mask pipeline that loads it."""
+    trained, and the fill-mask pipeline that loads it; and its sequence classifier (`_classifier`), where
+    it has one of ours."""
     masked_lm = {"AutoModelForMaskedLM": f"modeling_lmpipe.{class_name}"}
-    return {"auto_map": masked_lm, "custom_pipelines": FILL_MASK}
+    classifier = _classifier(classification) if classification else {}
+    return {"auto_map": masked_lm | classifier, "custom_pipelines": FILL_MASK}
+
+
+def _classifier(class_name: str) -> dict[str, str]:
+    """A native backbone's AutoModelForSequenceClassification: the remote class with our fine-tuning's
+    head (pooling, dropout, a linear `score`), which a LoRA fine-tune's peft adapter loads onto."""
+    return {"AutoModelForSequenceClassification": f"modeling_lmpipe.{class_name}"}
 
 
 def _common(model: Transformer) -> dict[str, Any]:
@@ -159,6 +151,7 @@ def _gpt2(model: Transformer) -> HFLayout:
         "embd_pdrop": cfg.dropout,
         "attn_pdrop": cfg.dropout,
     }
+    config["auto_map"] = _classifier("GPT2ForPooledClassification")
     why = "a pre-norm decoder with learned positions, LayerNorm, GELU and biases is GPT-2 exactly"
     return HFLayout("GPT2LMHeadModel", config, tensors, why)
 
@@ -217,7 +210,7 @@ def _bert(model: Transformer) -> HFLayout:
     tensors["embeddings.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
     tensors |= _encoder_layers(model.encoder, pre_norm=False)
     config = _encoder_config(model, cfg.max_len) | {"model_type": "bert"}
-    config |= _tied_masked_lm("BertForTiedMaskedLM")
+    config |= _tied_masked_lm("BertForTiedMaskedLM", "BertForPooledClassification")
     why = (
         "a post-norm encoder with learned positions, LayerNorm on the embeddings, GELU and biases is "
         "BERT exactly (BertModel: hidden states; BertForMaskedLM's head has a transform ours lacks, so "
@@ -232,6 +225,7 @@ def _bert_for_masked_lm(model: Transformer) -> HFLayout:
     tensors = {f"bert.{key}": value for key, value in bert.tensors.items()}
     tensors |= lm_transform_tensors(model, "cls.predictions")
     config = {key: value for key, value in bert.config.items() if key not in ("auto_map", "custom_pipelines")}
+    config["auto_map"] = _classifier("BertForPooledClassification")
     why = (
         "a post-norm encoder with learned positions, LayerNorm on the embeddings, GELU and biases, and "
         "BERT's prediction head (dense, GELU, LayerNorm, output bias), is BertForMaskedLM exactly"
@@ -262,7 +256,7 @@ def _xlm_roberta_xl(model: Transformer) -> HFLayout:
     tensors["encoder.LayerNorm.bias"] = state["encoder.edge_norm.bias"]
     tensors |= _encoder_layers(model.encoder, pre_norm=True)
     config = _encoder_config(model, cfg.max_len + offset) | {"model_type": "xlm-roberta-xl"}
-    config |= _tied_masked_lm("XLMRobertaXLForTiedMaskedLM")
+    config |= _tied_masked_lm("XLMRobertaXLForTiedMaskedLM", "XLMRobertaXLForPooledClassification")
     why = (
         "a pre-norm encoder with learned positions and no norm on the embeddings is XLM-RoBERTa-XL "
         "exactly (RoBERTa-PreLayerNorm normalises the embeddings, ours does not; XLMRobertaXLModel: "
@@ -339,31 +333,21 @@ def _remote(model: Transformer, reason: str) -> HFLayout:
     return HFLayout("LmpipeForLM" if lm is not None else "LmpipeModel", config, tensors, why)
 
 
-# what each transformers class an architecture may name (`export_classes`) needs beyond the standard
-# configuration (`_differences`): a norm position, a head and positions. GPT-2 has no transform; BERT's
-# and XLM-R XL's masked-LM heads have one, so a tied encoder's masked LM is our remote class
-NATIVE: dict[str, tuple[str, str, str, Callable[[Transformer], HFLayout]]] = {
-    "GPT2LMHeadModel": ("pre", "tied", "learned", _gpt2),
-    "BertModel": ("post", "tied", "learned", _bert),
-    "BertForMaskedLM": ("post", "transform", "learned", _bert_for_masked_lm),
-    "XLMRobertaXLModel": ("pre", "tied", "learned", _xlm_roberta_xl),
-    "XLNetLMHeadModel": ("post", "tied", "xl", _xlnet),
+# the layout of each transformers class an architecture may name (`export_classes`); what each needs
+# of a model is models/hf_classes.py's
+NATIVE: dict[str, Callable[[Transformer], HFLayout]] = {
+    "GPT2LMHeadModel": _gpt2,
+    "BertModel": _bert,
+    "BertForMaskedLM": _bert_for_masked_lm,
+    "XLMRobertaXLModel": _xlm_roberta_xl,
+    "XLNetLMHeadModel": _xlnet,
 }
 
 
 def hf_layout(model: Transformer) -> HFLayout:
     """The first of the architecture's transformers classes that computes what the model does, or our
     remote code, saying why each class does not."""
-    cfg, spec = model.cfg, model.arch
-    mismatches = []
-    for name in spec.export_classes:
-        norm_position, lm_head, positions, layout = NATIVE[name]
-        differences = _differences(model)
-        if cfg.positions != positions:
-            differences.append(f"positions={cfg.positions}")
-        if (cfg.norm_position, cfg.lm_head) != (norm_position, lm_head):
-            differences.append(f"norm_position={cfg.norm_position} with lm_head={cfg.lm_head}")
-        if not differences:
-            return layout(model)
-        mismatches.append(f"{name} has no {', '.join(differences)}")
-    return _remote(model, "; ".join(mismatches) or spec.remote_because)
+    name, mismatches = native_class(model)
+    if name is not None:
+        return NATIVE[name](model)
+    return _remote(model, "; ".join(mismatches) or model.arch.remote_because)

@@ -20,6 +20,8 @@ from transformers import (
     BertModel,
     BertPreTrainedModel,
     FillMaskPipeline,
+    GPT2Model,
+    GPT2PreTrainedModel,
     PretrainedConfig,
     PreTrainedModel,
     XLMRobertaXLModel,
@@ -30,6 +32,8 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from models.architectures.base import shift_right
+from models.architectures.decoder import last_state
+from models.architectures.encoder import pooled_states
 from models.config import ModelConfig
 from models.special import SPECIAL
 from models.transformer import Transformer, rope_tables, sinusoidal_table
@@ -131,11 +135,13 @@ class LmpipeForLM(LmpipePreTrainedModel):
 
 
 class LmpipeForSequenceClassification(LmpipePreTrainedModel):
-    """The pooling our fine-tuning uses by default (the architecture's first), dropout and a linear
-    head; regression when num_labels is 1."""
+    """Our fine-tuning's head: the pooling it trained with (`pooling` in the config, else the
+    architecture's default, its first), dropout and a linear `score`; regression when num_labels is 1."""
 
-    def __init__(self, config: LmpipeConfig) -> None:
+    def __init__(self, config: LmpipeConfig, pooling: str | None = None) -> None:
         super().__init__(config)
+        if pooling is not None:  # from_pretrained(..., pooling=...): a fine-tune's other than the default
+            config.pooling = pooling
         self.drop = nn.Dropout(0.1)
         self.score = nn.Linear(self.net.arch.pooled_size(self.net.cfg), config.num_labels)
         self.post_init()
@@ -150,15 +156,90 @@ class LmpipeForSequenceClassification(LmpipePreTrainedModel):
         mask = (
             torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         )
-        pooled = self.net.arch.pooled(self.net, input_ids, mask, self.net.arch.poolings[0])
-        logits = self.score(self.drop(pooled))
-        loss = None
-        if labels is not None:
-            if self.config.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
-            else:
-                loss = F.cross_entropy(logits, labels.long())
-        return SequenceClassifierOutput(loss=loss, logits=logits)
+        pooling = getattr(self.config, "pooling", None) or self.net.arch.poolings[0]
+        pooled = self.net.arch.pooled(self.net, input_ids, mask, pooling)
+        return _classified(self.score(self.drop(pooled)), labels, self.config.num_labels)
+
+
+def _classified(logits: Tensor, labels: Tensor | None, num_labels: int) -> SequenceClassifierOutput:
+    loss = None
+    if labels is not None:
+        if num_labels == 1:
+            loss = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
+        else:
+            loss = F.cross_entropy(logits, labels.long())
+    return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+class _PooledClassification:
+    """Our fine-tuning's head on a native backbone: the pooling it trained with (`pooling` in the
+    config, else the architecture's default), dropout and a linear `score`; what peft loads a LoRA
+    fine-tune's adapter onto (models/peft_export.py). transformers' own classification classes put a
+    pooler (BERT's, RoBERTa's dense and tanh) or a summary ours never trained before their head."""
+
+    default_pooling: str
+
+    def _add_head(self, config: Any, pooling: str | None) -> None:
+        if pooling is not None:  # from_pretrained(..., pooling=...): a fine-tune's other than the default
+            config.pooling = pooling
+        self.drop = nn.Dropout(0.1)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutput:
+        mask = (
+            torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        )
+        states = self.base_model(input_ids, attention_mask=mask.long()).last_hidden_state
+        pooling = getattr(self.config, "pooling", None) or self.default_pooling
+        if pooling == "cls":
+            pooled = states[:, 0]
+        elif pooling == "last":
+            pooled = last_state(states, mask)
+        else:
+            pooled = pooled_states(states, mask, pooling)
+        return _classified(self.score(self.drop(pooled)), labels, self.config.num_labels)
+
+
+class BertForPooledClassification(_PooledClassification, BertPreTrainedModel):
+    """BertModel (our post-norm encoder) with our fine-tuning's head."""
+
+    default_pooling = "cls"
+
+    def __init__(self, config: Any, pooling: str | None = None) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self._add_head(config, pooling)
+        self.post_init()
+
+
+class XLMRobertaXLForPooledClassification(_PooledClassification, XLMRobertaXLPreTrainedModel):
+    """XLMRobertaXLModel (our pre-norm encoder) with our fine-tuning's head."""
+
+    default_pooling = "cls"
+
+    def __init__(self, config: Any, pooling: str | None = None) -> None:
+        super().__init__(config)
+        self.roberta = XLMRobertaXLModel(config, add_pooling_layer=False)
+        self._add_head(config, pooling)
+        self.post_init()
+
+
+class GPT2ForPooledClassification(_PooledClassification, GPT2PreTrainedModel):
+    """GPT2Model (our pre-norm decoder) with our fine-tuning's head: the last real token's state."""
+
+    default_pooling = "last"
+
+    def __init__(self, config: Any, pooling: str | None = None) -> None:
+        super().__init__(config)
+        self.transformer = GPT2Model(config)
+        self._add_head(config, pooling)
+        self.post_init()
 
 
 def _masked_lm_output(logits: Tensor, labels: Tensor | None) -> MaskedLMOutput:

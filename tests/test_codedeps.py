@@ -220,6 +220,8 @@ SHAPE = {
     "models/finetuning.py": {"finetune"},
     "models/finetune_data.py": {"finetune"},
     "models/finetune_methods.py": {"finetune"},
+    "models/peft_export.py": {"finetune"},  # a LoRA fine-tune's adapter for peft
+    "models/hf_classes.py": {"export", "finetune"},  # the export's class, which names the adapter's modules
     "models/heads.py": {"finetune"},
     "models/hf.py": {"export"},
     "models/hf_remote.py": {"export"},  # read as source (the remote code), not imported

@@ -112,7 +112,10 @@ def scored(workdir: Workdir, glue_dir: Path) -> Workdir:
                     finished_run({**tags, "predictions_sha256": "an older run of other predictions"})
                     seeds[str(seed)] = {"predictions_sha256": digest}
                 weights = f"weights of {model}" if init == "pretrained" else None
-                (run_dir / "summary.json").write_text(json.dumps({"seeds": seeds, "weights_sha256": weights}))
+                # the weights full fine-tuning trains: all of them (metrics/glue.json's `weights`)
+                counts = {"method": "full", "trained_parameters": 1000, "total_parameters": 1000}
+                summary = {"seeds": seeds, "weights_sha256": weights, **counts}
+                (run_dir / "summary.json").write_text(json.dumps(summary))
         runs[(model, "pretrain")] = finished_run(
             {"stage": "pretrain", "model": model, "weights_sha256": f"weights of {model}"}
         )

@@ -297,7 +297,9 @@ def test_an_electra_discriminator_exports_its_backbone_without_an_lm_class(
     config = json.loads((tmp_path / "config.json").read_text())
     assert "custom_pipelines" not in config
     assert "AutoModelForMaskedLM" not in config.get("auto_map", {})
-    assert (tmp_path / "modeling_lmpipe.py").exists() == bool(variant)
+    # the sequence classifier with our fine-tuning's head: remote code on the native backbone too
+    assert config["auto_map"]["AutoModelForSequenceClassification"].startswith("modeling_lmpipe.")
+    assert (tmp_path / "modeling_lmpipe.py").exists()
     assert "LM head was never trained (objective electra)" in (tmp_path / "README.md").read_text()
     remote = bool(variant)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path, trust_remote_code=remote)

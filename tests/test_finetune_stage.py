@@ -241,9 +241,38 @@ def test_a_lora_fine_tune_trains_its_adapters_on_both_inits_and_the_report_says_
             assert f"| enc (encoder, mlm; lora: {trained / 1e3:.1f} k of " in report
             glue = json.loads((tuned.path / "metrics/glue.json").read_text())
             assert glue["enc"]["weights"] == {"trained": trained, "total": summary["total_parameters"]}
+            assert not (out(tuned, "scratch") / "seed1/adapter").exists()  # nothing to load it onto
+            adapter_predicts_as_the_stage(tuned, out(tuned, "pretrained") / "seed1")
     finally:
         with tuned.changed(OVERRIDES), contextlib.chdir(tuned.path):
             finetune(tuned, "enc")  # the module's other tests read full fine-tuning's outputs
+
+
+def adapter_predicts_as_the_stage(workdir: Workdir, seed_dir: Path) -> None:
+    """peft loads the fine-tune's adapter onto the model's transformers export (stage `export`): its
+    predictions of the dev split are the stage's."""
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
+    from lmpipe.finetuning import examples
+    from lmpipe.glue.tasks import TASKS
+    from lmpipe.params.finetune import FinetuneTaskParams
+    from models.finetune_data import pad_batch
+    from stages import export
+
+    export.main(["enc"])
+    base = AutoModelForSequenceClassification.from_pretrained(
+        "checkpoints/enc/hf", num_labels=1, trust_remote_code=True
+    )
+    model = PeftModel.from_pretrained(base, seed_dir / "adapter").eval()
+    recipe = FinetuneTaskParams(**{**DEFAULT_PARAMS["finetune"]["tasks"]["stsb"], "max_train_rows": 64})
+    ids, pad = pad_batch(examples(TASKS["stsb"], recipe, DEFAULT_PARAMS["seed"]).eval_ids["validation"])
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=pad.long()).logits.squeeze(-1)
+    want = pd.read_parquet(seed_dir / "validation.parquet")["prediction"].to_numpy()
+    # the stage predicted under bf16 autocast where `auto` resolves to it; transformers in fp32
+    bf16 = resolve_precision("auto", torch.device("cpu")) == "bf16-mixed"
+    torch.testing.assert_close(got, torch.as_tensor(want), atol=1e-2 if bf16 else 1e-4, rtol=0)
 
 
 def test_a_model_pretrained_on_another_tokenizer_is_refused(tuned: Workdir) -> None:

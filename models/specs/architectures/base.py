@@ -25,8 +25,8 @@ class ArchitectureSpec(ABC):
     # (ELMo's two LMs read the row both ways, which no transformers LM class does)
     lm_auto_class: ClassVar[str | None]
     # the transformers classes that compute what it does in some configuration, tried in this order
-    # (models/hf.py: NATIVE says which configuration each needs); else the export is remote code, and
-    # `remote_because` says why no class has it
+    # (models/hf_classes.py: REQUIRES says which configuration each needs); else the export is remote
+    # code, and `remote_because` says why no class has it
     export_classes: ClassVar[tuple[str, ...]] = ()
     remote_because: ClassVar[str] = ""
     implementation: ClassVar[str]  # the module of its implementation, a subclass of this declaration

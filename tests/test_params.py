@@ -290,3 +290,16 @@ def test_params_yaml_holds_the_schemas_defaults() -> None:
                     yield f"{key}: schema {default!r}, params.yaml {value!r}"
 
     assert list(differences(load_params(ROOT / "params.yaml"), "")) == []
+
+
+def test_the_finetune_stage_depends_on_every_key_of_its_section() -> None:
+    """dvc.yaml lists `finetune`'s keys one by one (the fine-tunes' own, not `evaluate`'s): a key the
+    schema gains must be among them, or a change to it would leave the stage cached (as
+    `finetune.method` did, until this test)."""
+    import yaml
+
+    from lmpipe.params.finetune import FinetuneParams
+
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["finetune"]["do"]
+    listed = {key for key in stage["params"] if isinstance(key, str)}
+    assert {f"finetune.{field}" for field in FinetuneParams.model_fields} <= listed

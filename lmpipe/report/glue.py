@@ -418,7 +418,7 @@ def trained_share(params: FinetuneSections, model: str) -> str:
 def weights_trained(weights: dict[str, int]) -> str:
     """`1.1 k of 29.9 k weights trained (3.6 %)`."""
     trained, total = weights["trained"], weights["total"]
-    return f"{count(trained)} of {count(total)} weights trained ({100 * trained / total:.2g} %)"
+    return f"{count(trained)} of {count(total)} weights trained ({100 * trained / total:.3g} %)"
 
 
 def count(n: int) -> str:

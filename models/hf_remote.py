@@ -153,12 +153,15 @@ class LmpipeForSequenceClassification(LmpipePreTrainedModel):
         labels: Tensor | None = None,
         **kwargs: Any,
     ) -> SequenceClassifierOutput:
-        mask = (
-            torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        )
+        mask = real_tokens(input_ids, attention_mask)
         pooling = getattr(self.config, "pooling", None) or self.net.arch.poolings[0]
         pooled = self.net.arch.pooled(self.net, input_ids, mask, pooling)
         return _classified(self.score(self.drop(pooled)), labels, self.config.num_labels)
+
+
+def real_tokens(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """The pad mask our models take (True on real tokens) from transformers' attention mask."""
+    return torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
 
 
 def _classified(logits: Tensor, labels: Tensor | None, num_labels: int) -> SequenceClassifierOutput:
@@ -173,17 +176,24 @@ def _classified(logits: Tensor, labels: Tensor | None, num_labels: int) -> Seque
 
 class _PooledClassification:
     """Our fine-tuning's head on a native backbone: the pooling it trained with (`pooling` in the
-    config, else the architecture's default), dropout and a linear `score`; what peft loads a LoRA
-    fine-tune's adapter onto (models/peft_export.py). transformers' own classification classes put a
-    pooler (BERT's, RoBERTa's dense and tanh) or a summary ours never trained before their head."""
+    config, or given to from_pretrained, else the architecture's default), dropout and a linear
+    `score`; what peft loads a LoRA fine-tune's adapter onto (models/peft_export.py). transformers' own
+    classification classes put a pooler (BERT's, RoBERTa's dense and tanh) or a summary ours never
+    trained before their head."""
 
     default_pooling: str
+    backbone: tuple[str, Any]  # the attribute transformers loads the backbone's weights into, its class
 
-    def _add_head(self, config: Any, pooling: str | None) -> None:
-        if pooling is not None:  # from_pretrained(..., pooling=...): a fine-tune's other than the default
+    def __init__(self, config: Any, pooling: str | None = None) -> None:
+        super().__init__(config)
+        if pooling is not None:  # a fine-tune's other than the default
             config.pooling = pooling
+        attribute, backbone = self.backbone
+        kwargs = {} if backbone is GPT2Model else {"add_pooling_layer": False}
+        setattr(self, attribute, backbone(config, **kwargs))
         self.drop = nn.Dropout(0.1)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
 
     def forward(
         self,
@@ -192,9 +202,7 @@ class _PooledClassification:
         labels: Tensor | None = None,
         **kwargs: Any,
     ) -> SequenceClassifierOutput:
-        mask = (
-            torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        )
+        mask = real_tokens(input_ids, attention_mask)
         states = self.base_model(input_ids, attention_mask=mask.long()).last_hidden_state
         pooling = getattr(self.config, "pooling", None) or self.default_pooling
         if pooling == "cls":
@@ -209,37 +217,19 @@ class _PooledClassification:
 class BertForPooledClassification(_PooledClassification, BertPreTrainedModel):
     """BertModel (our post-norm encoder) with our fine-tuning's head."""
 
-    default_pooling = "cls"
-
-    def __init__(self, config: Any, pooling: str | None = None) -> None:
-        super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self._add_head(config, pooling)
-        self.post_init()
+    default_pooling, backbone = "cls", ("bert", BertModel)
 
 
 class XLMRobertaXLForPooledClassification(_PooledClassification, XLMRobertaXLPreTrainedModel):
     """XLMRobertaXLModel (our pre-norm encoder) with our fine-tuning's head."""
 
-    default_pooling = "cls"
-
-    def __init__(self, config: Any, pooling: str | None = None) -> None:
-        super().__init__(config)
-        self.roberta = XLMRobertaXLModel(config, add_pooling_layer=False)
-        self._add_head(config, pooling)
-        self.post_init()
+    default_pooling, backbone = "cls", ("roberta", XLMRobertaXLModel)
 
 
 class GPT2ForPooledClassification(_PooledClassification, GPT2PreTrainedModel):
     """GPT2Model (our pre-norm decoder) with our fine-tuning's head: the last real token's state."""
 
-    default_pooling = "last"
-
-    def __init__(self, config: Any, pooling: str | None = None) -> None:
-        super().__init__(config)
-        self.transformer = GPT2Model(config)
-        self._add_head(config, pooling)
-        self.post_init()
+    default_pooling, backbone = "last", ("transformer", GPT2Model)
 
 
 def _masked_lm_output(logits: Tensor, labels: Tensor | None) -> MaskedLMOutput:

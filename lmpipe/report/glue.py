@@ -362,7 +362,8 @@ def report(
     ]
     for model in medians:
         variant = params.models[model]
-        label = f"{model} ({variant.arch}, {variant.objective}{trained_share(params, model)})"
+        trains = "" if method == "full" else f"; {method}: {weights_trained(summary[model]['weights'])}"
+        label = f"{model} ({variant.arch}, {variant.objective}{trains})"
         for init in INITS:
             cells = [
                 f"{summary[model][init][k]:.1f} ({summary[model][f'{init}_mean'][k]:.1f} ± "
@@ -405,14 +406,6 @@ def weight_counts(params: FinetuneSections, model: str) -> dict[str, int]:
     path = finetune_dir(model, params.glue.tasks[0], "pretrained") / "summary.json"
     summary = read_json(path, finetune_stage(model))
     return {"trained": summary["trained_parameters"], "total": summary["total_parameters"]}
-
-
-def trained_share(params: FinetuneSections, model: str) -> str:
-    """`; lora: 1.1 k of 29.9 k weights trained (3.6 %)`, beside a model's name ("" for full
-    fine-tuning, which trains everything)."""
-    if params.finetune.method == "full":
-        return ""
-    return f"; {params.finetune.method}: {weights_trained(weight_counts(params, model))}"
 
 
 def weights_trained(weights: dict[str, int]) -> str:

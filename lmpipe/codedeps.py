@@ -229,22 +229,34 @@ def stage_modules(dvc: dict) -> dict[str, str]:
     return modules
 
 
+MODEL_GROUPS = ("${models}", "${distill.students}")  # a student is a model: the stages over both
+
+
 def model_stages(dvc: dict) -> dict[str, str]:
-    """The stages over `models` (`foreach: ${models}`) -> their modules: each model's own code is read
-    from its units' digests (`digests`), the rest from the stage's split closure."""
+    """The stages over `models` or `distill.students` (`foreach: ${models}`, ...) -> their modules: each
+    model's own code is read from its units' digests (`digests`), the rest from the stage's split
+    closure."""
     return {
         stage: module
         for stage, module in stage_modules(dvc).items()
-        if dvc["stages"][stage].get("foreach") == "${models}"
+        if dvc["stages"][stage].get("foreach") in MODEL_GROUPS
     }
 
 
-def unit_params(stage: str) -> dict[str, list[str]]:
-    """What a stage over `models` lists under `params:` to depend on its model's own code."""
+def digest_key(module: str) -> str:
+    """code.yaml's section of a stage over models: its module's name in `stages` (the groups over models
+    and over students that run one module read the same digests)."""
+    return module.removeprefix("stages.")
+
+
+def unit_params(module: str) -> dict[str, list[str]]:
+    """What a stage over `models` that runs `module` lists under `params:` to depend on its model's own
+    code."""
+    key = digest_key(module)
     return {
         str(CODE_DIGESTS): [
-            f"{stage}.objectives.${{item.objective}}",
-            f"{stage}.architectures.${{item.arch}}",
+            f"{key}.objectives.${{item.objective}}",
+            f"{key}.architectures.${{item.arch}}",
         ]
     }
 
@@ -262,9 +274,10 @@ def digests(stages: Iterable[str]) -> dict[str, dict[str, dict[str, str]]]:
 
 
 def code_command(dvc: dict) -> str:
-    """The `code` stage's command: the stages over `models` it writes digests for (as arguments, so
-    that DVC re-runs it when they change: dvc.yaml cannot be a dependency)."""
-    return " ".join(["python -m", CODE_STAGE, *model_stages(dvc)])
+    """The `code` stage's command: the modules of the stages over `models` it writes digests for (as
+    arguments, so that DVC re-runs it when they change: dvc.yaml cannot be a dependency)."""
+    keys = dict.fromkeys(digest_key(module) for module in model_stages(dvc).values())
+    return " ".join(["python -m", CODE_STAGE, *keys])
 
 
 def disagreements(dvc_file: Path = ROOT / "dvc.yaml") -> list[str]:
@@ -280,9 +293,11 @@ def disagreements(dvc_file: Path = ROOT / "dvc.yaml") -> list[str]:
         for path in sorted(declared - expected):
             problems.append(f"{dvc_file.name}: stages.{stage}.deps: {path} is not imported by {module}")
     for stage, module in model_stages(dvc).items():
-        if module != f"stages.{stage}":
-            problems.append(f"{dvc_file.name}: stages.{stage}.cmd: a stage over models runs stages.{stage}")
-        wanted = unit_params(stage)
+        if not module.startswith("stages."):
+            problems.append(
+                f"{dvc_file.name}: stages.{stage}.cmd: a stage over models runs a module of stages"
+            )
+        wanted = unit_params(module)
         if wanted not in dvc["stages"][stage]["do"].get("params", []):
             problems.append(
                 f"{dvc_file.name}: stages.{stage}.params: missing {wanted} (its model's own code)"

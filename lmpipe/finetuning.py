@@ -99,7 +99,8 @@ def check_tokenizer(name: str, tokenizer_sha: str) -> None:
     if config.get("tokenizer_sha256") != tokenizer_sha:
         raise StageError(
             f"{path}: the model was pretrained with tokenizer {str(config.get('tokenizer_sha256'))[:12]}, "
-            f"but data/tokenizer is {tokenizer_sha[:12]}; re-run pretrain@{name} (dvc repro)"
+            f"but data/tokenizer is {tokenizer_sha[:12]}; re-run {config.get('stage', f'pretrain@{name}')} "
+            "(dvc repro)"
         )
 
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import timedelta
@@ -60,12 +60,12 @@ def train_config(arch: str, objective: str, pretrain: PretrainParams, objectives
     )
 
 
-def fingerprint(objective: str, arch: str, *parts: Any) -> str:
+def fingerprint(stage: str, objective: str, arch: str, *parts: Any) -> str:
     """What a checkpoint must match to be resumed: everything that shapes the run's trajectory, the
-    code it runs included (the stage's and its objective's and architecture's, what dvc.yaml and
-    code.yaml declare: a fixed bug must not be resumed around)."""
+    code it runs included (the stage's, `pretrain` or `distill`, and its objective's and
+    architecture's, what dvc.yaml and code.yaml declare: a fixed bug must not be resumed around)."""
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
-    digest.update(code_digest("stages.pretrain", objective, arch).encode())
+    digest.update(code_digest(f"stages.{stage}", objective, arch).encode())
     return digest.hexdigest()
 
 
@@ -303,12 +303,19 @@ def summarise(
 @dataclass
 class Prepared:
     """A pretraining run as it will train: its params resolved (`auto` precision), the packed data's
-    meta and its budget (the configs, the steps, a micro-batch's FLOPs counted and estimated)."""
+    meta and its budget (the configs, the steps, a micro-batch's FLOPs counted and estimated); a
+    student's distillation (lmpipe/distillation.py) where it is one."""
 
+    name: str
     variant: ModelParams
     run: PretrainParams
     meta: dict[str, Any]
     budget: Budget
+    student: Any = None  # lmpipe.distillation.Student: what a distillation adds
+
+    @property
+    def stage(self) -> str:
+        return f"distill@{self.name}" if self.student is not None else f"pretrain@{self.name}"
 
 
 def prepared(name: str, params: PretrainSections) -> Prepared:
@@ -329,36 +336,41 @@ def prepared(name: str, params: PretrainSections) -> Prepared:
         raise StageError("params.yaml: pretrain.accelerator=gpu: no CUDA device is visible")
     # `auto` resolved here, so the resume fingerprint and MLflow hold the precision that trains
     run = run.model_copy(update={"precision": resolve_precision(run.precision, train_device(run))})
-    return Prepared(variant, run, meta, planned)
+    return Prepared(name, variant, run, meta, planned)
 
 
-def pretrain(name: str, params: PretrainSections) -> None:
+def pretrain(name: str, params: PretrainSections, student: Callable[[Prepared], Any] | None = None) -> None:
     """Pretrain `name`, resumed where an interrupted run with the same fingerprint stopped, and write
-    its outputs: the final weights, the metrics, the loss curve; one MLflow run."""
+    its outputs: the final weights, the metrics, the loss curve; one MLflow run. `student`: a student's
+    distillation for the run (lmpipe/distillation.py: its module, what it adds to the fingerprint, the
+    metrics and MLflow)."""
     import torch
     from lightning.pytorch.utilities import rank_zero_only
 
-    from models.pretraining import PretrainModule
     from models.training import NonFiniteLoss
 
     plan = prepared(name, params)
+    if student is not None:
+        plan = replace(plan, student=student(plan))
     run, train_cfg = plan.run, plan.budget.train_cfg
     _quiet_lightning()
     # resume: the checkpoints of an interrupted run with the same fingerprint, if one left them
     unshaping = {"max_minutes", "num_workers"}  # a wall-clock guard; which processes build the batches
     shaping = (plan.budget.model_cfg.to_dict(), train_cfg.hparams(), run.model_dump(exclude=unshaping))
-    code = (train_cfg.objective, train_cfg.arch)
+    if plan.student is not None:  # its teacher's weights and the distillation's settings
+        shaping += (plan.student.shaping(),)
+    code = (plan.stage.split("@")[0], train_cfg.objective, train_cfg.arch)
     run_fingerprint = fingerprint(*code, *shaping, plan.meta["tokenizer_sha256"], plan.meta["train"])
     resume_dir = resume_checkpoints(name, run_fingerprint)
     with resumable(resume_dir, run_fingerprint, rank_zero_only.rank == 0) as ckpt:
         logger = _tracked(name, params, plan, resume_dir, ckpt is not None)
         torch.manual_seed(params.seed)
-        module = PretrainModule(plan.budget.model_cfg, train_cfg, compile=run.compile)
+        module = _module(plan, train_cfg, run.compile)
         trainer = trainer_for(run, train_cfg.max_steps, resume_dir, logger)
         data = _data(name, plan, trainer, module)
         log.info(
-            "pretrain@%s: %s/%s, %.2fM parameters, %d steps of %.3g FLOPs in %s, %s",
-            name,
+            "%s: %s/%s, %.2fM parameters, %d steps of %.3g FLOPs in %s, %s",
+            plan.stage,
             plan.variant.arch,
             plan.variant.objective,
             module.model.num_parameters() / 1e6,
@@ -373,11 +385,13 @@ def pretrain(name: str, params: PretrainSections) -> None:
             trainer.fit(module, datamodule=data, ckpt_path=ckpt)
         except NonFiniteLoss as exc:
             kept = f"the last good checkpoint in {resume_dir} is kept"
-            raise StageError(f"pretrain@{name}: {exc}; {kept}") from None
+            raise StageError(f"{plan.stage}: {exc}; {kept}") from None
         minutes = (time.perf_counter() - started) / 60
         trainer.save_checkpoint(resume_dir / "last.ckpt")
         trainer.validate(module, datamodule=data, verbose=False)
         summary = summarise(trainer, module, run, plan.variant.objective, plan.budget.flops)
+        if plan.student is not None:
+            summary |= plan.student.summary(summary["steps"])
         state = trainer.strategy.lightning_module_state_dict()  # on every process: FSDP gathers its shards
         if trainer.is_global_zero:
             by_context = _by_context(name, plan, module, logger) if run.context_lengths else {}
@@ -388,12 +402,21 @@ def pretrain(name: str, params: PretrainSections) -> None:
             write_context(pretrain_context(name), by_context)
             _write_outputs(name, plan, module, state, summary, minutes, logger)
         log.info(
-            "pretrain@%s: %d steps in %.1f min, val loss %.3f",
-            name,
+            "%s: %d steps in %.1f min, val loss %.3f",
+            plan.stage,
             summary["steps"],
             minutes,
             summary["val_loss"] or float("nan"),
         )
+
+
+def _module(plan: Prepared, train_cfg: Any, compile: bool) -> Any:
+    """The Lightning module: a pretraining's, or a student's with its teacher beside it."""
+    from models.pretraining import PretrainModule
+
+    if plan.student is not None:
+        return plan.student.module(plan.budget.model_cfg, train_cfg, compile)
+    return PretrainModule(plan.budget.model_cfg, train_cfg, compile=compile)
 
 
 def _by_context(name: str, plan: Prepared, module: Any, logger: Any) -> dict[int, Any]:
@@ -448,9 +471,14 @@ def _tracked(name: str, params: PretrainSections, plan: Prepared, resume_dir: Pa
     variant, meta = plan.variant, plan.meta
     tags = {"model": name, "arch": variant.arch, "objective": variant.objective}
     tags |= {"data.synthetic": meta["synthetic"], "tokenizer_sha256": meta["tokenizer_sha256"]}
-    logger = lightning_logger(tracking_experiment(), name, resume_dir / "mlflow_run_id", resumed, tags)
+    if plan.student is not None:
+        tags |= plan.student.tags()
+    run_file = resume_dir / "mlflow_run_id"
+    logger = lightning_logger(tracking_experiment(), name, run_file, resumed, tags, plan.stage)
     if not resumed:
         logged = {"seed": params.seed, "model": variant.model_dump(exclude_none=True)}
+        if plan.student is not None:
+            logged["distill"] = plan.student.logged()
         objective = asdict(plan.budget.train_cfg.objective_params)
         logged |= {"objective": objective, "pretrain": plan.run.model_dump()}
         logger.log_hyperparams(flatten(logged))
@@ -480,13 +508,13 @@ def _data(name: str, plan: Prepared, trainer: Any, module: Any) -> Any:
     )
     if trainer.world_size * run.accumulate != plan.budget.micro_batches:
         processes = f"{trainer.world_size} processes, not {world_size(run)}"
-        raise StageError(f"pretrain@{name}: Lightning trains on {processes}")
+        raise StageError(f"{plan.stage}: Lightning trains on {processes}")
     module.step_flops = plan.budget.flops[0]
     if on_gpu:
         device = torch.cuda.get_device_name(trainer.strategy.root_device)
         module.peak_flops = peak_flops(device)
         if module.peak_flops is None:
-            log.info("pretrain@%s: no bf16 peak known for %s (models/flops.py): no MFU", name, device)
+            log.info("%s: no bf16 peak known for %s (models/flops.py): no MFU", plan.stage, device)
     return data
 
 
@@ -497,6 +525,7 @@ def _write_outputs(
     meta = plan.meta
     provenance = {"name": name, "objective": plan.variant.objective, "steps": summary["steps"]}
     provenance |= {"tokenizer_sha256": meta["tokenizer_sha256"], "synthetic": meta["synthetic"]}
+    provenance |= {"stage": plan.stage} | (plan.student.tags() if plan.student is not None else {})
     export(plan.budget.model_cfg, state, final_checkpoint(name), provenance)
     # fine-tunes find this run by the digest of the weights they load (no run id in the outputs)
     logger.experiment.set_tag(logger.run_id, WEIGHTS_TAG, sha256_file(final_weights(name)))

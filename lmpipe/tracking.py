@@ -224,10 +224,11 @@ def _client(uri: str | None = None) -> Any:
 
 
 def lightning_logger(
-    experiment: str, name: str, run_file: Path, resuming: bool, tags: Mapping[str, Any]
+    experiment: str, name: str, run_file: Path, resuming: bool, tags: Mapping[str, Any], run_name: str = ""
 ) -> Any:
-    """Lightning's MLflow logger for `pretrain@<name>`, with the stage runs' tags; a resumed run goes on
-    logging into the run it started (its id kept in `run_file`)."""
+    """Lightning's MLflow logger for `pretrain@<name>` (or `run_name`: a student's `distill@<name>`, a
+    pretraining run too), with the stage runs' tags; a resumed run goes on logging into the run it
+    started (its id kept in `run_file`)."""
     from lightning.pytorch.loggers import MLFlowLogger
     from lightning.pytorch.utilities import rank_zero_only
 
@@ -236,7 +237,7 @@ def lightning_logger(
     parent = pipeline_parent(client, experiment_id(client, experiment))
     logger = MLFlowLogger(
         experiment_name=experiment,
-        run_name=f"pretrain@{name}",
+        run_name=run_name or f"pretrain@{name}",
         tracking_uri=tracking_uri(),
         tags=None if run_id else run_tags("pretrain", parent, tags),
         run_id=run_id,

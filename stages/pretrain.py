@@ -15,7 +15,7 @@ import argparse
 from lmpipe.params.pretrain import PretrainSections
 from lmpipe.params.project import load_stage_params
 from lmpipe.pretraining import pretrain
-from lmpipe.runtime import run_main
+from lmpipe.runtime import StageError, run_main
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     name = parser.parse_args(argv).model
     params = load_stage_params(PretrainSections)
     params.check_model(name)
+    if params.student(name) is not None:
+        raise StageError(f"params.yaml: distill.students.{name}: a student; stage distill@{name} trains it")
     pretrain(name, params)
 
 

@@ -6,9 +6,10 @@ import re
 from dataclasses import fields
 from typing import Any, Literal, get_type_hints
 
-from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
-from lmpipe.params.schema import Sections, Strict
+from lmpipe.params.distill import DistillParams, StudentParams, student_entry
+from lmpipe.params.schema import Sections, Strict, _problems
 from lmpipe.runtime import StageError
 from models.config import PRESETS, ModelConfig
 from models.specs.architectures import ARCHITECTURES
@@ -74,9 +75,51 @@ class ModelParams(_Overrides):
 
 
 class ModelsSections(Sections):
-    """The sections of a stage that takes a model's name."""
+    """The sections of a stage that takes a model's name. A student of `distill.students` is a model too:
+    its teacher's entry with its own layers and budget (`student_entry`), so that it fine-tunes, exports
+    and is reported as any model is; stage `distill@<student>` trains it, not `pretrain@`."""
 
     models: dict[str, ModelParams] = {}
+    distill: DistillParams = DistillParams()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _students_are_models(cls, raw: Any) -> Any:
+        distill = raw.get("distill") if isinstance(raw, dict) else None
+        students = distill.get("students") if isinstance(distill, dict) else None
+        if not isinstance(students, dict) or not students:
+            return raw  # nothing to add, or a wrong shape said on its own key
+        declared = raw.get("models") or {}
+        models = dict(declared)
+        for name, entry in students.items():
+            try:
+                student = StudentParams.model_validate(entry)
+            except ValidationError as exc:
+                raise ValueError(_problems(exc, f"distill.students.{name}")) from None
+            if name in declared:
+                raise ValueError(
+                    f"distill.students.{name}: models.{name} exists; a student is a model of its own"
+                )
+            teacher = declared.get(student.teacher)
+            if not isinstance(teacher, dict):
+                known = ", ".join(declared) or "(none)"
+                raise ValueError(
+                    f"distill.students.{name}.teacher: no model '{student.teacher}' (the models: {known})"
+                )
+            try:
+                teacher_layers = ModelParams.model_validate(teacher).config_fields()["n_layers"]
+            except ValidationError:
+                continue  # the teacher's own error is said on its own keys
+            models[name] = student_entry(name, student, teacher, teacher_layers)
+        return {**raw, "models": models}
+
+    def model_key(self, name: str) -> str:
+        """The dotted key of `name`'s own entry: `models.<name>`, or a student's in `distill.students`."""
+        return f"distill.students.{name}" if name in self.distill.students else f"models.{name}"
+
+    def student(self, name: str) -> StudentParams | None:
+        """`name`'s entry of distill.students, if it is a student."""
+        return self.distill.students.get(name)
 
     @model_validator(mode="after")
     def _model_names(self) -> ModelsSections:

@@ -195,7 +195,7 @@ class PretrainSections(ModelsSections):
         """The dotted key that sets `key` for `model`: its own `models.<model>.pretrain`, its objective's
         or the section's."""
         if key in self.models[model].pretrain:
-            return f"models.{model}.pretrain.{key}"
+            return f"{self.model_key(model)}.pretrain.{key}"
         if key in self.objective_recipe(model):
             return f"objectives.{self.models[model].objective}.{key}"
         return f"pretrain.{key}"
@@ -206,7 +206,31 @@ class PretrainSections(ModelsSections):
             try:
                 self.pretrain_of(name)
             except ValidationError as exc:
-                raise ValueError(_problems(exc, f"models.{name}.pretrain")) from None
+                raise ValueError(_problems(exc, f"{self.model_key(name)}.pretrain")) from None
+        return self
+
+    @model_validator(mode="after")
+    def _students_learn_the_lm_head(self) -> PretrainSections:
+        for name, student in self.distill.students.items():
+            if name not in self.models:  # its teacher's own error is said on its own keys
+                continue
+            params = section_params(self.objectives, student.objective)
+            headed = [
+                p.name for _, p, own in OBJECTIVES[student.objective].components(params) if p.has_head(own)
+            ]
+            if headed:
+                raise ValueError(
+                    f"distill.students.{name}.teacher: objective {student.objective} trains a head of its "
+                    f"own ({headed[0]}'s), not kept with models.{student.teacher}; a student learns the "
+                    "teacher's LM head outputs"
+                )
+            fmt = self.pretrain_of(name).input_format
+            if fmt in PAIR_FORMATS and getattr(params, "pair_loss", "none") != "none":
+                raise ValueError(
+                    f"{self.pretrain_key(name, 'input_format')}: {fmt} trains objectives.{student.objective}"
+                    f".pair_loss, a head the teacher does not keep: a student (distill.students.{name}) "
+                    "trains without it, as DistilBERT does"
+                )
         return self
 
     @model_validator(mode="after")

@@ -38,6 +38,7 @@ class Terms:
     extra: dict[str, tuple[Tensor, float]] = field(default_factory=dict)
     accuracies: dict[str, Tensor] = field(default_factory=dict)
     rates: dict[str, Tensor] = field(default_factory=dict)
+    weight: float = 1.0  # the token loss's in the step's sum (DistilBERT's alpha_mlm)
 
     def logged(self) -> dict[str, Tensor]:
         """What is logged beside the token loss, by metric name: each extra loss, accuracy and share."""
@@ -46,8 +47,8 @@ class Terms:
         return losses | accuracies | self.rates
 
     def total(self) -> Tensor:
-        """What the step minimises: the token loss and the weighted extra losses."""
-        return self.loss + sum(weight * loss for loss, weight in self.extra.values())
+        """What the step minimises: the token loss and the extra losses, each at its weight."""
+        return self.weight * self.loss + sum(weight * loss for loss, weight in self.extra.values())
 
 
 class ObjectiveImplementation(ABC):

@@ -80,6 +80,10 @@ class Planned:
     def equal_flops(self) -> bool:
         return self.card is not None and self.card.compute == "equal FLOPs"
 
+    def reported(self) -> list[str | None]:
+        """Each point's model the comparison reports (None: every model it trains)."""
+        return [None if row is None else row.model for row in self.rows]
+
     def paper(self) -> list[tuple[str | None, float | None]]:
         """Each point's row of the paper, by its name, and what the paper measured for it against ★."""
         return [(None, None) if row is None else (row.name, effect(row, self.card_rows)) for row in self.rows]
@@ -212,23 +216,30 @@ def comparison(
     baseline: Point,
     seed: int,
     paper: Sequence[tuple[str | None, float | None]] = (),
+    reported: Sequence[str | None] = (),
 ) -> pd.DataFrame:
-    """One row per (point, model): the swept values; GLUE average and tasks of the pretrained model
-    (median over seeds) with their std over seeds; Δ against scratch with its interval and verdict (from
-    the point's evaluate stage); Δ against the baseline point's model with interval and verdict (a paired
-    bootstrap over the same dev examples, as `evaluate` does); the final pretraining loss."""
+    """One row per (point, model) (per point, where `reported` names the point's model): the swept
+    values; GLUE average and tasks of the pretrained model (median over seeds) with their std over
+    seeds; Δ against scratch with its interval and verdict (from the point's evaluate stage); Δ against
+    the baseline point's model (its reported one, else the same model or its only one) with interval
+    and verdict (a paired bootstrap over the same dev examples, as `evaluate` does); the final
+    pretraining loss."""
     from lmpipe.report.glue import read_aligned
     from lmpipe.report.significance import compare
 
     base_runs, _, base_idx = (
         read_aligned(results[baseline.index]["predictions"]) if baseline.index in results else ({}, {}, {})
     )
+    base_model = reported[baseline.index - 1] if reported else None
     rows = []
     for point in points:
         if point.index not in results:
             continue
         runs, labels, idx = read_aligned(results[point.index]["predictions"])
+        own = reported[point.index - 1] if reported else None
         for model, scores in results[point.index]["glue"].items():
+            if own is not None and model != own:  # a model the point trains for its own (a teacher)
+                continue
             row: dict[str, Any] = {"experiment": point.experiment, "point": label(point.values, swept)}
             # the paper's row the point runs, and what the paper measured for it against its ★ row
             row["paper_row"], row["paper_effect"] = paper[point.index - 1] if paper else (None, None)
@@ -250,7 +261,7 @@ def comparison(
             row["delta_average_high"] = scores["delta_high"]["average"]
             row["delta_average_verdict"] = scores["verdict"]["average"]
             row["delta_average_detectable"] = scores["delta_detectable"]["average"]
-            against = model if (model, "pretrained") in base_runs else _only_model(base_runs)
+            against = base_model or (model if (model, "pretrained") in base_runs else _only_model(base_runs))
             comparable = against is not None and same_examples(idx, base_idx, labels)
             if not base_runs:
                 status = "baseline point failed"
@@ -655,14 +666,14 @@ def ablation(
         sweep.finish_point(point, metrics, point_params(point.values))
 
     seed = int(sweep.params.get("seed", 0))
-    table = comparison(points, results, swept, points[base], seed, plan.paper())
+    table = comparison(points, results, swept, points[base], seed, plan.paper(), plan.reported())
     if len(table):
         synthetic = validated[0].glue.synthetic
         seeds = len(validated[base].finetune.seeds)
         # where only fine-tuning values vary, each init's best point is a comparison of its own
         finetuning = bool(swept) and all(key.startswith("finetune.") for key in swept)
         best = best_of_each_init(points, results, seed) if finetuning else None
-        (model, *_) = validated[base].models
+        model = plan.reported()[base] or next(iter(validated[base].models))
         ours = here(validated[base], model, plan.equal_flops)
         report = markdown(
             table,

@@ -24,14 +24,17 @@ Compute = Literal["equal FLOPs", "equal steps", "fine-tuning only"]
 @dataclass(frozen=True)
 class Row:
     """One row of a paper's table: its name in the paper, the point that runs it, the paper's figure in
-    the card's metric (None: the paper gives none for it), and its share of the equal-FLOPs budget
-    (T5's half-depth encoder-decoder: M/2)."""
+    the card's metric (None: the paper gives none for it), its share of the equal-FLOPs budget (T5's
+    half-depth encoder-decoder: M/2), and the model it reports."""
 
     name: str
     point: Mapping[str, Any]
     figure: float | None = None
     star: bool = False
     cost: float = 1.0
+    # the model of the point the row reports, where the point trains others too (a student's teacher);
+    # None: every model the point trains. The ★ row's is what every row is compared with
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,7 @@ def _cards() -> dict[str, Card]:
         albert,
         bart,
         bert,
+        distilbert,
         electra,
         gpt,
         lineage,
@@ -180,6 +184,7 @@ def _cards() -> dict[str, Card]:
         mtp,
         unilm,
         peft,
+        distilbert,
     ):
         for card in module.CARDS:
             if card.preset in cards:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,9 @@ def flat(params: Params) -> dict[str, Any]:
     """params as dotted keys; a point's one model as `model.…` (and its fine-tuning values as
     `finetune.model.…`), so that rows made under other names compare field by field."""
     dump = params.model_dump(mode="json")
-    models = dump.pop("models")
+    students = dump["distill"].pop("students")
+    # a student's entry of `models` is its teacher's, made from its own in distill.students
+    models = {name: fields for name, fields in dump.pop("models").items() if name not in students}
     own = (dump.get("finetune") or {}).pop("models", {})
     out: dict[str, Any] = {}
 
@@ -62,6 +64,8 @@ def flat(params: Params) -> dict[str, Any]:
         walk("model" if one else f"models.{name}", fields)
     for name, fields in own.items():
         walk("finetune.model" if one else f"finetune.models.{name}", fields)
+    for name, fields in students.items():
+        walk("distill.student" if len(students) == 1 else f"distill.students.{name}", fields)
     return out
 
 
@@ -69,8 +73,19 @@ def against(params: Params, baseline: Params) -> str:
     """The keys whose values differ from the baseline's, `key: value`."""
     mine, theirs = flat(params), flat(baseline)
     changed = [key for key in mine if mine[key] != theirs.get(key)]
-    changed += [key for key in theirs if key not in mine]
+    changed += list(dict.fromkeys(absent(key, mine) for key in theirs if key not in mine))
     return "; ".join(f"{key}: {mine.get(key, '—')}" for key in changed) or "(the baseline)"
+
+
+def absent(key: str, keys: Mapping[str, Any]) -> str:
+    """The shortest prefix of `key` that `keys` has nothing under: a whole subtree the point lacks (a
+    student, a model) is said once."""
+    parts = key.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        if not any(other == prefix or other.startswith(f"{prefix}.") for other in keys):
+            return prefix
+    return key
 
 
 def train_counts(params: Params, name: str) -> tuple[int, int, int]:
@@ -174,7 +189,7 @@ def plan_text(
     """The card, then a line per point: the paper's row, its params against the baseline, the models it
     trains with their parameters, steps and FLOPs, and the estimated wall time here."""
     baseline = validated[base]
-    (model, *_) = baseline.models
+    model = (rows[base].model if rows[base] is not None else None) or next(iter(baseline.models))
     lines = []
     if card is not None:
         lines += [

@@ -16,6 +16,7 @@ from lmpipe.codedeps import (
     PACKAGES,
     ROOT,
     code_files,
+    digest_key,
     disagreements,
     imports,
     model_stages,
@@ -161,6 +162,11 @@ SHAPE = {
     "lmpipe/params/glue.py": {"glue_prepare", "finetune", "evaluate"},
     "lmpipe/params/finetune.py": {"finetune", "evaluate"},
     "lmpipe/params/pretrain.py": {"pretrain"},
+    # a student is a model: every stage that reads `models` reads the students' section too
+    "lmpipe/params/distill.py": {"pretrain", "export", "finetune", "evaluate"},
+    # a student's run (stage distill@, in the graph once distill.students names one)
+    "lmpipe/distillation.py": {"distill"},
+    "models/distillation.py": {"distill"},
     "lmpipe/params/schema.py": {
         "sample",
         "ingest",
@@ -251,6 +257,10 @@ MODELS_ONLY = {
         if path.startswith("models/architectures/") and stages == {"code", "export"}
     },
 }
+# a student's distillation runs the pretraining's code for its own objective and architecture
+MODELS_ONLY = {
+    path: stages | {"distill"} if "pretrain" in stages else stages for path, stages in MODELS_ONLY.items()
+}
 STAGE_OF_MODULE = "stages/"  # a stage's own module makes only that stage stale
 INFRASTRUCTURE = ("lmpipe/runtime.py", "lmpipe/layout.py")  # every stage
 
@@ -277,10 +287,11 @@ def edit_table(project: Path) -> dict[str, set[str]]:
 
 
 def through_code(path: str) -> set[str]:
-    """The stages over `models` whose code.yaml keys an edit to `path` changes: re-run for the models of
-    the objectives and architectures it is the code of (tests/test_new_model_code.py runs it)."""
-    stages = model_stages(DVC_YAML)
-    return {stage for stage in stages for unit in units() if path in unit_files(stages[stage], unit)}
+    """The modules of the stages over `models` (and over students) whose code.yaml keys an edit to
+    `path` changes: re-run for the models of the objectives and architectures it is the code of
+    (tests/test_new_model_code.py runs it)."""
+    modules = set(model_stages(DVC_YAML).values())
+    return {digest_key(module) for module in modules for unit in units() if path in unit_files(module, unit)}
 
 
 def markdown(table: dict[str, set[str]]) -> str:

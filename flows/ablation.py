@@ -32,7 +32,7 @@ from prefect import flow, get_run_logger
 from flows import profile as profiles
 from flows.common import PipelineError
 from flows.plan import here
-from flows.presets import CARDS, Card, Row, card_lines, effect
+from flows.presets import CARDS, STUDENTS_KEY, Card, Row, card_lines, effect
 from flows.sweep import (
     MODELS_KEY,
     Corpus,
@@ -245,8 +245,9 @@ def comparison(
             row["paper_row"], row["paper_effect"] = paper[point.index - 1] if paper else (None, None)
             # a key the point leaves out: None, the params' value
             row.update({key: point.values.get(key) for key in swept})
-            if MODELS_KEY in row and row[MODELS_KEY] is not None:
-                row[MODELS_KEY] = text(row[MODELS_KEY])
+            for named in (MODELS_KEY, STUDENTS_KEY):  # name -> spec: the names say it
+                if row.get(named) is not None:
+                    row[named] = text(row[named])
             row["model"] = model
             tasks = [k for k in scores["pretrained"] if k != "average"]
             for key in ["average", *tasks]:
@@ -284,6 +285,9 @@ def comparison(
             pretrain = results[point.index]["pretrain"][model]
             row["pretrain_steps"], row["train_flops"] = pretrain["steps"], pretrain["train_flops"]
             row["parameters"] = pretrain["parameters"]  # T5's table sets 2P (encoder-decoder) against P
+            # a student's training loss is its triple loss; its validation loss is its objective's alone
+            row["val_loss"] = pretrain.get("val_loss")
+            row["teacher"] = pretrain.get("teacher")
             row["weights"] = scores["weights"]  # what fine-tuning trains of them (finetune.method)
             curve = results[point.index]["curves"][model]["train_loss"].dropna()
             row["final_train_loss"] = float(curve.iloc[-1]) if len(curve) else float("nan")
@@ -427,7 +431,8 @@ def markdown(
         f"# Ablation `{sweep}`\n\n"
         "GLUE validation ×100 of the pretrained models: the median over fine-tuning seeds ± the std over "
         f"seeds. Δ vs scratch: pretrained − scratch of the same point. Δ vs baseline: against point "
-        f"`{label(baseline.values, swept)}` ({baseline.experiment}), the same model (or its only model). "
+        f"`{label(baseline.values, swept)}` ({baseline.experiment}): the model its row names, else the same "
+        "model (or its only model). "
         f"Intervals are 95 %, from a {METHOD}; `better`/`worse` when the interval excludes 0; "
         "within noise, the effect that comparison detects 80 % of the time (2.8 standard errors).\n"
     )
@@ -445,6 +450,9 @@ def markdown(
     methods = "finetune.method" in swept  # then what each point's method trains is what it varies
     columns += ["fine-tuning trains"] if methods else []
     columns += ["final train loss"]
+    # a student's train loss is DistilBERT's triple loss: the objective's validation loss compares
+    distilled = "teacher" in table and table["teacher"].notna().any()
+    columns += ["teacher", "val loss"] if distilled else []
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in table.to_dict("records"):
         cells = [row["experiment"]]
@@ -460,6 +468,8 @@ def markdown(
         cells += [f"{row['pretrain_steps']}", f"{row['train_flops']:.3g}"]
         cells += [weights_trained(row["weights"])] if methods else []
         cells += [f"{row['final_train_loss']:.3f}"]
+        loss = row["val_loss"]
+        cells += [cell(row["teacher"]), "" if pd.isna(loss) else f"{loss:.3f}"] if distilled else []
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Per task, Δ vs baseline:", ""]
     lines += ["| experiment | model | " + " | ".join(tasks) + " |", "|---|---|" + "---|" * len(tasks)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 MODELS_KEY = "models"  # flows/sweep.py's: which model variants of params.yaml a point trains
+STUDENTS_KEY = "distill.students"  # the students a point distils (each a model of its own)
 Compute = Literal["equal FLOPs", "equal steps", "fine-tuning only"]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flows.presets import MODELS_KEY, Card, Row, Setup, model_fields
+from flows.presets import MODELS_KEY, STUDENTS_KEY, Card, Row, Setup, model_fields
 
 TEACHER = "encoder_mlm"
 
@@ -29,7 +29,7 @@ def distilbert_rows(params: Mapping[str, Any]) -> list[Row]:
         Row("BERT-base (the teacher)", with_teacher, 79.5, model=TEACHER),
         Row(
             "DistilBERT",
-            with_teacher | {"distill.students": {"distilbert": student(params)}},
+            with_teacher | {STUDENTS_KEY: {"distilbert": student(params)}},
             77.0,
             star=True,
             model="distilbert",
@@ -41,7 +41,7 @@ def distilbert_rows(params: Mapping[str, Any]) -> list[Row]:
         ),
         Row(
             "DistilBERT, random initialisation (Table 4)",
-            with_teacher | {"distill.students": {"distilbert_random": student(params, init="random")}},
+            with_teacher | {STUDENTS_KEY: {"distilbert_random": student(params, init="random")}},
             model="distilbert_random",
         ),
     ]

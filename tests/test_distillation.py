@@ -203,7 +203,10 @@ def test_a_student_through_dvc(reproduced_template: Path, tmp_path: Path) -> Non
     assert (repo / "checkpoints/distil/hf/model.safetensors").exists()
     glue = json.loads((repo / "metrics/glue.json").read_text())
     assert set(glue) >= {"encoder_mlm", "distil"} and "stsb" in glue["distil"]["pretrained"]
-    assert "distil" in (repo / "reports/glue.md").read_text()
+    assert (
+        "| distil (encoder, mlm; distilled from encoder_mlm) | pretrained |"
+        in (repo / "reports/glue.md").read_text()
+    )
     assert stages_ran(dvc(repo, "repro")) == []
 
     # a new teacher makes its student stale, through the teacher's checkpoint
@@ -221,3 +224,27 @@ def test_a_student_is_trained_by_its_own_stage_alone(tmp_path: Path) -> None:
             stage_main("pretrain")(["student"])
         with pytest.raises(StageError, match="distill.students.teacher: no such student; the students are"):
             stage_main("distill")(["teacher"])
+
+
+def test_the_distilbert_preset_reports_each_rows_model_against_the_student() -> None:
+    """Its ★ point trains the teacher and the student: the comparison reports the student there and
+    compares every row's model (the teacher's too) with it; a row's difference from the ★ point reads
+    as the student it lacks or changes, not as every key of it."""
+    from flows import profile as profiles
+    from flows.ablation import planned
+    from flows.plan import against
+    from flows.sweep import point_overrides
+    from tests.workdir import ROOT
+
+    plan = planned("distilbert", None, DEFAULT_PARAMS)
+    assert plan.reported() == ["encoder_mlm", "distilbert", "small_bert", "distilbert_random"]
+    assert plan.rows[plan.base].model == "distilbert"
+    validated = [
+        profiles.validate(ROOT, point_overrides(point, DEFAULT_PARAMS, ROOT / "params.yaml"), "params.yaml")
+        for point in plan.values
+    ]
+    star = validated[plan.base]
+    assert star.models["distilbert"].config() == star.models["encoder_mlm"].config().with_(n_layers=1)
+    assert against(validated[0], star) == "distill.student: —"
+    assert against(validated[2], star) == "model.n_layers: 1; distill.student: —"
+    assert against(validated[3], star) == "distill.student.init: random"

@@ -363,7 +363,9 @@ def report(
     for model in medians:
         variant = params.models[model]
         trains = "" if method == "full" else f"; {method}: {weights_trained(summary[model]['weights'])}"
-        label = f"{model} ({variant.arch}, {variant.objective}{trains})"
+        student = params.student(model)
+        distilled = f"; distilled from {student.teacher}" if student is not None else ""
+        label = f"{model} ({variant.arch}, {variant.objective}{distilled}{trains})"
         for init in INITS:
             cells = [
                 f"{summary[model][init][k]:.1f} ({summary[model][f'{init}_mean'][k]:.1f} ± "

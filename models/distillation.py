@@ -119,21 +119,11 @@ class DistillModule(PretrainModule):
 def count_distill_step_flops(model: ModelConfig, train: TrainConfig, distill: DistillConfig) -> int:
     """FLOPs of one micro-batch of distillation, as FlopCounterMode counts them on the meta device: the
     student's forward and backward, the teacher's forward, the soft targets' LM heads."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from models.flops import components, example_batch
+    from models.flops import module_step_flops
 
     with torch.device("meta"):
         module = DistillModule(model, train, distill)
-    total = 0.0
-    for share, objective, params in components(train):
-        batch = example_batch(train, objective, params)
-        counter = FlopCounterMode(display=False)
-        with counter:
-            loss, _, _ = module.training_loss(batch)
-            loss.backward()
-        total += share * counter.get_total_flops()
-    return round(total)
+    return module_step_flops(module, train)
 
 
 def describe(distill: DistillConfig) -> dict[str, Any]:

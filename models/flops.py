@@ -109,6 +109,13 @@ SCHEDULE_FIELDS = frozenset(
 def _count_step_flops(model: ModelConfig, train: TrainConfig) -> int:
     with torch.device("meta"):
         module = PretrainModule(model, train)
+    return module_step_flops(module, train)
+
+
+def module_step_flops(module: PretrainModule, train: TrainConfig) -> int:
+    """FLOPs of one micro-batch's forward and backward through `module`, built on the meta device (a
+    pretraining's, a student's with its teacher), as FlopCounterMode counts them."""
+    model = module.model_cfg
     total = 0.0
     for share, objective, params in components(train):
         batch = example_batch(train, objective, params)

@@ -15,13 +15,13 @@ import yaml
 from torch import nn
 
 from lmpipe.params.distill import every_other_layer
+from lmpipe.params.pretrain import PretrainParams, objectives_params
 from lmpipe.params.project import parse_params
+from lmpipe.pretraining import train_config as pretraining_config
 from lmpipe.runtime import StageError
 from models.config import ModelConfig
 from models.distillation import DistillConfig, DistillModule, distillation_losses
 from models.pretraining import TrainConfig, make_batch
-from models.specs.objectives.clm import OBJECTIVE as CLM
-from models.specs.objectives.mlm import MLMParams
 from models.transformer import Transformer
 from tests.pipeline_helpers import stage_main
 from tests.project import changed_deps, copy_project, dvc, stages_ran
@@ -37,26 +37,8 @@ def configs(arch: str = "encoder", layers: int = 4) -> ModelConfig:
 
 
 def train_config(arch: str = "encoder", objective: str = "mlm") -> TrainConfig:
-    params = MLMParams() if objective == "mlm" else CLM.Params()
-    return TrainConfig(
-        arch=arch,
-        objective=objective,
-        objective_params=params,
-        seed=1,
-        seq_len=32,
-        batch_size=4,
-        max_steps=10,
-        accumulate=1,
-        lr=1e-3,
-        warmup_steps=1,
-        schedule="cosine",
-        min_lr_ratio=0.1,
-        weight_decay=0.01,
-        beta1=0.9,
-        beta2=0.98,
-        sampling="random",
-        val_batches=1,
-    )
+    run = PretrainParams(seq_len=32, batch_size=4)
+    return pretraining_config(arch, objective, run, objectives_params(), seed=1)
 
 
 def batch_of(train: TrainConfig, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -6,8 +6,10 @@ against the first rule it breaks; none is dropped silently.
 
 Memory stays flat in the corpus size: the work is done per shard (a row group of a raw file) in
 parallel, on every core or on a Dask cluster (`cluster.scheduler`), and dedup runs as phases over files
-(lmpipe/data/dedup.py). The phases write into `data/.clean-work/`, each shard's result whole or not at all,
-so a killed run resumes from its finished shards, with the same outputs as an uninterrupted one.
+(lmpipe/data/dedup.py). Each shard's judged documents (their rules, exact keys and LSH bands) and its
+output are kept in `data/.kept/clean/` by digest, whole or not at all: a killed run resumes from its
+finished shards, and a corpus that grows judges its new shards only, with the outputs of a run from
+scratch (lmpipe/data/cleaning.py).
 """
 
 from __future__ import annotations

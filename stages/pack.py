@@ -3,22 +3,22 @@
 `data/tokens/{train,val}.bin` hold every document's ids followed by EOS, back to back (uint16 when the
 vocabulary fits, else uint32; read them with `np.memmap(path, dtype=meta["dtype"])`), and `meta.json`
 records vocab size, dtype, token and document counts and the tokenizer's hash. Documents go to train
-or val by a seeded permutation. `pack.repeat` upsamples an ingest source in the training tokens (a
-source's copies; its validation documents stay once), and `meta.json` gives each source's training
-documents and tokens, counted once, so its share of the mix can be read off.
+or val by a seeded draw from the document's id alone, so a document added later never moves another.
+`pack.repeat` upsamples an ingest source in the training tokens (a source's copies; its validation
+documents stay once), and `meta.json` gives each source's training documents and tokens, counted
+once, so its share of the mix can be read off.
 
-Each clean shard is encoded on its own into `data/.pack-work/` (whole or not at all), in this process on
-every core, on a process per core for a large corpus, or on a Dask cluster (`cluster.scheduler`); a
-killed run resumes from the finished shards, and the shards' tokens are then concatenated in order, so
-the outputs are the same bytes however the work ran.
+Each clean shard is encoded on its own into `data/.kept/pack/` (whole or not at all, keyed by its
+documents' bytes, their split and the tokenizer), in this process on every core, on a process per core
+for a large corpus, or on a Dask cluster (`cluster.scheduler`); the shards' tokens are then
+concatenated in order, so the outputs are the same bytes however the work ran. The entries stay: a
+killed run resumes from the finished shards, and a corpus that grows encodes its new shards only.
 """
 
 from __future__ import annotations
 
-import shutil
-
 from lmpipe.data.packing import pack, token_dtype
-from lmpipe.layout import CLEAN, PACK_WORK, SPM_MODEL, TOKENIZER, TOKENS, clean_shards
+from lmpipe.layout import CLEAN, SPM_MODEL, TOKENIZER, TOKENS, clean_shards
 from lmpipe.params.cluster import ClusterParams
 from lmpipe.params.pack import PackParams
 from lmpipe.params.project import load_stage_params
@@ -64,7 +64,6 @@ def main() -> None:
                 **counts,
             }
             write_json(tmp / "meta.json", meta)
-        shutil.rmtree(PACK_WORK, ignore_errors=True)
         run.log_metrics(counts)
         log.info(
             "pack: train %d tokens (%d docs), val %d tokens (%d docs), %s",

@@ -22,8 +22,7 @@ import pytest
 
 from lmpipe.data import ingesting, packing
 from lmpipe.data.synthetic import corpus
-from lmpipe.layout import CLEAN_WORK, PACK_WORK, TOKENIZER, TOKENS, clean_shards, ingest_work
-from lmpipe.params.project import load_params
+from lmpipe.layout import CLEAN_STORE, CLEAN_WORK, PACK_STORE, TOKENS, clean_shards, ingest_work
 from lmpipe.runtime import StageError
 from lmpipe.schemas import NO_META
 from stages import clean, ingest, pack, tokenizer
@@ -60,12 +59,19 @@ def reference(sharded: Workdir) -> dict[str, bytes]:
     report = json.loads((sharded.path / "metrics/clean.json").read_text())
     assert report["dropped"]["exact_duplicate"] > 0 and report["dropped"]["near_duplicate"] > 0
     assert len(list((sharded.path / "data/clean").glob("part-*.parquet"))) > 1200 // SHARD_ROWS
-    assert not (sharded.path / CLEAN_WORK).exists()  # the work folder goes once the outputs are in place
+    assert not (sharded.path / CLEAN_WORK).exists()  # the pairs go once the outputs are in place
+    assert (sharded.path / CLEAN_STORE / "index.json").is_file()  # the shards' work stays
     return outputs(sharded)
+
+
+def forget(workdir: Workdir) -> None:
+    """The kept work of earlier runs removed: the next clean judges every shard again."""
+    shutil.rmtree(workdir.path / CLEAN_STORE)
 
 
 def test_every_core_gives_the_bytes_of_one_process(sharded: Workdir, reference: dict[str, bytes]) -> None:
     sharded.set("clean.workers", 2)
+    forget(sharded)
     clean.main()
     assert outputs(sharded) == reference
 
@@ -91,6 +97,7 @@ def on_a_local_cluster(workdir: Workdir) -> Iterator[None]:
 
 
 def test_a_local_dask_cluster_gives_the_same_bytes(sharded: Workdir, reference: dict[str, bytes]) -> None:
+    forget(sharded)
     with on_a_local_cluster(sharded):
         clean.main()
     assert outputs(sharded) == reference
@@ -101,7 +108,8 @@ def test_a_killed_run_resumes_from_its_finished_shards(sharded: Workdir, referen
     (sharded.path / "metrics/clean.json").write_text("{}")  # to tell a rewrite from the reference
     reference = {**reference, "metrics/clean.json": b"{}"}
     sharded.set("clean.workers", 1)
-    judged = sharded.path / CLEAN_WORK / "judged"
+    forget(sharded)
+    judged = sharded.path / CLEAN_STORE / "entries"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "stages.clean"]
     process = subprocess.Popen(command, cwd=sharded.path, env=env, stderr=subprocess.PIPE, text=True)
@@ -117,7 +125,8 @@ def test_a_killed_run_resumes_from_its_finished_shards(sharded: Workdir, referen
 
     resumed = subprocess.run(command, cwd=sharded.path, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    done = int(resumed.stderr.split("resuming: ")[1].split(" of ")[0])
+    done = int(resumed.stderr.split("clean: ")[1].split(" of ")[0])
+    assert " shards judged by an earlier run; judging " in resumed.stderr
     assert 20 <= done < len(list((sharded.path / "data/clean").glob("part-*.parquet")))
     assert outputs(sharded) == {**reference, "metrics/clean.json": metrics}
 
@@ -143,7 +152,7 @@ def test_a_worker_killed_mid_shard_fails_in_one_line_and_the_rerun_resumes(
     sharded.set("clean.max_chars", 800)  # drops the longer part: other outputs than before
     before = outputs(sharded)
     assert before == reference
-    judged = sharded.path / CLEAN_WORK / "judged"
+    judged = sharded.path / CLEAN_STORE / "entries"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "stages.clean"]
     process = subprocess.Popen(command, cwd=sharded.path, env=env, stderr=subprocess.PIPE, text=True)
@@ -165,18 +174,32 @@ def test_a_worker_killed_mid_shard_fails_in_one_line_and_the_rerun_resumes(
 
     resumed = sharded.run("clean")
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming: " in resumed.stderr
+    assert " shards judged by an earlier run; judging " in resumed.stderr
     after_resume = outputs(sharded)
     assert after_resume != before
     sharded.set("clean.workers", 1)
+    forget(sharded)
     assert sharded.run("clean").returncode == 0  # uninterrupted, from the start
     assert outputs(sharded) == after_resume
 
 
-def test_changed_params_start_the_work_over(sharded: Workdir, reference: dict[str, bytes]) -> None:
-    (sharded.path / CLEAN_WORK / "judged/000000").mkdir(parents=True)  # another run's leftovers
-    (sharded.path / CLEAN_WORK / "FINGERPRINT").write_text("another run")
-    clean.main()
+def test_changed_params_start_the_work_over(
+    sharded: Workdir, reference: dict[str, bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    index = sharded.path / CLEAN_STORE / "index.json"
+    recorded = json.loads(index.read_text())
+    recorded["config"]["clean"]["min_words"] += 1  # as if a run with another rule had left it
+    index.write_text(json.dumps(recorded))
+    with caplog.at_level(logging.INFO, logger="lmpipe"):
+        clean.main()
+    assert "clean: rebuilding the kept work in" in caplog.text
+    assert "it was built with other params (clean.min_words)" in caplog.text
+    assert outputs(sharded) == reference
+    index.write_text("{half a record")  # a damaged index is never trusted either
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lmpipe"):
+        clean.main()
+    assert "index.json is unreadable (JSONDecodeError)" in caplog.text
     assert outputs(sharded) == reference
 
 
@@ -189,48 +212,46 @@ def packed(sharded: Workdir, reference: dict[str, bytes]) -> dict[str, bytes]:
     """pack's outputs from one process, on the 30 clean shards of `sharded`."""
     tokenizer.main()
     pack.main()
-    assert not (sharded.path / PACK_WORK).exists()
     return tokens(sharded)
 
 
 def test_pack_on_every_core_and_a_dask_cluster_gives_the_bytes_of_one_process(
     sharded: Workdir, packed: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    def from_scratch() -> dict[str, bytes]:
+        shutil.rmtree(sharded.path / PACK_STORE)  # every shard encoded again, not served from the store
+        pack.main()
+        return tokens(sharded)
+
     monkeypatch.setattr(packing, "POOL_DOCS", 0)  # a process per core however small the corpus
     sharded.set("pack.threads", 2)
-    pack.main()
-    assert tokens(sharded) == packed
+    assert from_scratch() == packed
     with on_a_local_cluster(sharded):
-        pack.main()
-    assert tokens(sharded) == packed
+        assert from_scratch() == packed
     # with the sentence index: its offsets are each shard's, shifted by the shards before it
     sharded.set("pack.sentences", True)
-    pack.main()
-    with_index = tokens(sharded)
+    with_index = from_scratch()
     monkeypatch.setattr(packing, "POOL_DOCS", 10**9)
-    pack.main()
-    assert tokens(sharded) == with_index and "train.sentences.bin" in with_index
+    assert from_scratch() == with_index and "train.sentences.bin" in with_index
 
 
 def test_an_interrupted_pack_resumes_from_its_finished_shards(
     sharded: Workdir, packed: dict[str, bytes], caplog: pytest.LogCaptureFixture
 ) -> None:
-    params = load_params()
-    out = sharded.path / "elsewhere"
-    out.mkdir()
-    packing.pack(clean_shards(), TOKENIZER / "spm.model", params.pack, params.seed, None, out)
-    work = sharded.path / PACK_WORK
-    finished = sorted(p for p in work.iterdir() if p.is_dir())
-    assert len(finished) == len(clean_shards()) > 20
+    entries = sharded.path / PACK_STORE / "entries"
+    finished = sorted(p for p in entries.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert len(finished) == len(clean_shards()) > 20  # each shard's tokens, kept after the run
     for folder in finished[20:]:  # what a run killed after its 20th shard had left
         shutil.rmtree(folder)
-    (work / f".{finished[20].name}.tmp-killed").mkdir()  # and the shard it was writing
-    (work / f".{finished[20].name}.tmp-killed" / "train.bin").write_bytes(b"half")
+    (entries / f".{finished[20].name[:16]}.tmp-killed").mkdir()  # and the shard it was writing
+    (entries / f".{finished[20].name[:16]}.tmp-killed" / "train.bin").write_bytes(b"half")
     with caplog.at_level("INFO"):
         pack.main()
-    assert f"resuming: 20 of {len(finished)} shards" in caplog.text
+    assert f"pack: 20 of {len(finished)} shards kept from an earlier run; encoding {len(finished) - 20}" in (
+        caplog.text
+    )
     assert tokens(sharded) == packed
-    assert not work.exists()
+    assert sorted(p.name for p in entries.iterdir()) == [p.name for p in finished]  # only what it used
 
 
 @pytest.fixture

@@ -1,9 +1,19 @@
 """What stage `clean` is made of: the quality rules per document on every core (or a cluster), then
-exact and near deduplication over the whole corpus, in phases an interrupted run keeps."""
+exact and near deduplication over the whole corpus.
+
+The per-document work (normalising, the rules, the exact keys and the MinHash signatures cut into LSH
+bands) is kept per shard in a store (lmpipe/data/store.py), keyed by the shard's bytes: a corpus that
+grows judges its new shards only. The decisions between documents are then taken again over every
+shard's kept keys and bands (sorts and a union-find over files, cheap beside the signatures), so a new
+document that duplicates an old one and comes first in the corpus drops the old one, as a run from
+scratch would; a shard's output is kept too, keyed by its judged entry and what was decided, so only
+the shards whose documents' fate changed are written again."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
@@ -19,12 +29,13 @@ from lmpipe.data.parallel import shard_map
 from lmpipe.data.progress import Meter
 from lmpipe.data.quality import Words, exact_key, failed_rule, minhash_signature, normalize
 from lmpipe.data.resume import Shard
-from lmpipe.layout import CLEAN_WORK
+from lmpipe.data.store import Store, digest
+from lmpipe.layout import CLEAN_STORE, CLEAN_WORK
 from lmpipe.params.clean import CleanParams
 from lmpipe.runtime import (
-    atomic_dir,
     atomic_file,
     log,
+    sha256_file,
 )
 from lmpipe.schemas import DOCUMENT_COLUMNS, DOCUMENTS, DOCUMENTS_ARROW, validate
 
@@ -37,20 +48,24 @@ class Job:
     seed: int
     bands: int
     band_rows: int
-    work: str  # absolute: workers on a cluster run elsewhere
+    store: Store  # the shards' judged documents and kept outputs by digest
+    work: str  # this run's pairs and components (absolute: workers on a cluster run elsewhere)
+    judged_keys: tuple[str, ...]  # each shard's entry of phase 1, by shard index
 
     def judged(self, shard: Shard) -> Path:
-        return Path(self.work) / "judged" / f"{shard.index:06d}"
+        return self.store.path(self.judged_keys[shard.index])
 
 
 def judge(job: Job, shard: Shard) -> dict[str, int]:
-    """Phase 1: normalise, apply the rules, and key and sign the documents that pass."""
-    folder = job.judged(shard)
-    if folder.exists():  # finished by an earlier, interrupted run (written whole or not at all)
-        return json.loads((folder / "counts.json").read_text())
+    """Phase 1: normalise, apply the rules, and key and sign the documents that pass (their rows in the
+    shard: where the shard sits in the corpus is not part of what is kept)."""
+    key = job.judged_keys[shard.index]
+    kept = job.store.get(key)
+    if kept is not None:  # judged by an earlier run: the same documents, params and code
+        return json.loads((kept / "counts.json").read_text())
     table = pq.ParquetFile(shard.path).read_row_group(shard.row_group, columns=DOCUMENT_COLUMNS)
     counts: Counter = Counter(documents_in=table.num_rows)
-    kept_rows, index, keys, signatures = [], [], [], []
+    kept_rows, rows, keys, signatures = [], [], [], []
     ids, sources, texts, metas = (table.column(column).to_pylist() for column in DOCUMENT_COLUMNS)
     for row, (doc_id, source, raw, meta) in enumerate(zip(ids, sources, texts, metas, strict=True)):
         counts["characters_in"] += len(raw)
@@ -62,16 +77,16 @@ def judge(job: Job, shard: Shard) -> dict[str, int]:
             counts[f"dropped_characters.{rule}"] += len(raw)
             continue
         kept_rows.append((doc_id, source, text, meta))
-        index.append(shard.offset + row)
+        rows.append(row)
         keys.append(np.frombuffer(exact_key(text), dtype=np.uint64))
         if job.cfg.near_dedup.enabled:
             signatures.append(minhash_signature(words, job.cfg, job.seed).hashvalues)
 
-    with atomic_dir(folder) as tmp:
+    with job.store.put(key) as tmp:
         frame = pd.DataFrame(kept_rows, columns=DOCUMENT_COLUMNS)
         kept_table = pa.Table.from_pandas(frame, schema=DOCUMENTS_ARROW, preserve_index=False)
         pq.write_table(kept_table, tmp / "kept.parquet")
-        np.save(tmp / "index.npy", np.array(index, dtype=np.int64))
+        np.save(tmp / "rows.npy", np.array(rows, dtype=np.int64))
         np.save(tmp / "exact.npy", np.array(keys, dtype=np.uint64).reshape(-1, 2))
         if signatures:
             np.save(tmp / "bands.npy", dedup.band_hashes(np.stack(signatures), job.bands, job.band_rows))
@@ -88,7 +103,7 @@ def pair_task(job: Job, shards: list[Shard], task: tuple[str, int, int, int]) ->
     keys, index = [], []
     for shard in shards:
         folder = job.judged(shard)
-        shard_index = np.load(folder / "index.npy")
+        shard_index = shard.offset + np.load(folder / "rows.npy")
         if not len(shard_index):
             continue
         if kind == "exact":
@@ -108,26 +123,42 @@ def pair_task(job: Job, shards: list[Shard], task: tuple[str, int, int, int]) ->
 
 
 def keep(job: Job, out_dir: str, shard: Shard) -> dict[str, int]:
-    """Phase 4: the shard's documents that are the first of their duplicate component."""
+    """Phase 4: the shard's documents that are the first of their duplicate component, kept in the store
+    by its judged entry and these decisions, and linked into the outputs."""
     folder = job.judged(shard)
-    index = np.load(folder / "index.npy")
-    if not len(index):
-        return {"documents_kept": 0, "characters_kept": 0, "exact": 0, "near": 0}
+    index = shard.offset + np.load(folder / "rows.npy")
     root = np.load(Path(job.work) / "root.npy", mmap_mode="r")
     exact = np.load(Path(job.work) / "exact_duplicate.npy", mmap_mode="r")
     first = np.asarray(root[index]) == index
     is_exact = np.asarray(exact[index]).astype(bool)
-    table = pq.read_table(folder / "kept.parquet").filter(pa.array(first))
-    path = Path(out_dir) / f"part-{shard.index:06d}.parquet"
-    if table.num_rows:
-        validate(DOCUMENTS, table.to_pandas(), str(path))
-        pq.write_table(table, path, compression="zstd")
-    return {
-        "documents_kept": table.num_rows,
-        "characters_kept": sum(map(len, table.column("text").to_pylist())),
-        "exact": int(is_exact.sum()),
-        "near": int((~first & ~is_exact).sum()),
-    }
+    decided = [np.packbits(flags).tobytes().hex() for flags in (first, is_exact)]
+    key = digest("kept", job.judged_keys[shard.index], len(index), *decided)
+    entry = job.store.get(key)
+    if entry is None:
+        with job.store.put(key) as tmp:
+            table = pq.read_table(folder / "kept.parquet").filter(pa.array(first, pa.bool_()))
+            if table.num_rows:
+                validate(DOCUMENTS, table.to_pandas(), str(tmp / "part.parquet"))
+                pq.write_table(table, tmp / "part.parquet", compression="zstd")
+            kept = {
+                "documents_kept": table.num_rows,
+                "characters_kept": sum(map(len, table.column("text").to_pylist())),
+                "exact": int(is_exact.sum()),
+                "near": int((~first & ~is_exact).sum()),
+            }
+            (tmp / "counts.json").write_text(json.dumps(kept))
+        entry = job.store.path(key)
+    if (entry / "part.parquet").exists():
+        link(entry / "part.parquet", Path(out_dir) / f"part-{shard.index:06d}.parquet")
+    return {**json.loads((entry / "counts.json").read_text()), "key": key}
+
+
+def link(source: Path, target: Path) -> None:
+    """`target` as a hard link to a kept file (a copy where the file system has none)."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def clean(
@@ -135,12 +166,18 @@ def clean(
 ) -> Counter:
     """Every phase; the kept documents go to `out` as part-*.parquet. Returns the counts."""
     bands, band_rows = dedup.lsh_params(cfg.near_dedup.threshold, cfg.near_dedup.num_perm)
-    job = Job(cfg, seed, bands, band_rows, str(CLEAN_WORK.resolve()))
-    resume.prepare(CLEAN_WORK, resume.fingerprint([cfg.model_dump(), seed], files, "stages.clean"))
+    config = {"clean": cfg.model_dump(exclude={"workers"}), "seed": seed}
+    store = Store(CLEAN_STORE, "clean", config, "stages.clean").open()
     shards = resume.shards_of(files)
-    done = sum(job.judged(s).exists() for s in shards)
+    contents = {path: sha256_file(Path(path)) for path in {s.path for s in shards}}
+    judged_keys = tuple(digest("judged", contents[s.path], s.row_group) for s in shards)
+    shutil.rmtree(CLEAN_WORK, ignore_errors=True)  # this run's pairs: cheap to find again
+    CLEAN_WORK.mkdir(parents=True)
+    job = Job(cfg, seed, bands, band_rows, store, str(CLEAN_WORK.resolve()), judged_keys)
+    done = sum(store.path(key).is_dir() for key in judged_keys)
     if done:
-        log.info("clean: resuming: %d of %d shards were judged by an interrupted run", done, len(shards))
+        what = "shards judged by an earlier run; judging"
+        log.info("clean: %d of %d %s %d", done, len(shards), what, len(shards) - done)
     counts: Counter = Counter()
     meter = Meter("clean", total_docs=sum(s.rows for s in shards))
     for shard_counts in shard_map(partial(judge, job), shards, workers, scheduler, "clean"):
@@ -170,7 +207,9 @@ def clean(
     exact.flush()
     dedup.components(work / "root.npy", total, map(Path, pair_files))
 
+    used = list(judged_keys)
     for kept in shard_map(partial(keep, job, str(out.resolve())), shards, workers, scheduler, "clean"):
+        used.append(kept["key"])
         counts.update(
             {
                 "documents_kept": kept["documents_kept"],
@@ -179,4 +218,5 @@ def clean(
                 "dropped.near_duplicate": kept["near"],
             }
         )
+    store.keep_only(used)  # what a rerun on these inputs needs stays
     return counts

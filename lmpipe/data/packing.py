@@ -21,16 +21,18 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from lmpipe.data import resume
+from lmpipe.data.draws import document_draws
 from lmpipe.data.parallel import shard_map
 from lmpipe.data.progress import Meter
 from lmpipe.data.resume import Shard
-from lmpipe.layout import PACK_WORK
+from lmpipe.data.store import Store, digest
+from lmpipe.layout import PACK_STORE
 from lmpipe.params.pack import PackParams
 from lmpipe.runtime import (
     StageError,
-    atomic_dir,
     cpu_threads,
     log,
+    sha256_file,
 )
 
 SPLITS = ("train", "val")
@@ -52,13 +54,19 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
-def val_mask(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
-    """True for the documents of the validation split: at least one, and never all of them."""
-    if n_docs < 2:
-        raise StageError(f"pack: {n_docs} clean document(s); a train/val split needs at least 2")
-    n_val = min(max(1, round(n_docs * val_fraction)), n_docs - 1)
-    mask = np.zeros(n_docs, dtype=bool)
-    mask[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
+def val_mask(ids: list[str], val_fraction: float, seed: int) -> np.ndarray:
+    """True for the documents of the validation split: those whose draw (from the id and the seed
+    alone, so that a document added later never moves another) is below `val_fraction`. A corpus so
+    small that the draws put none in validation (or all) gives its lowest draw to validation (its
+    highest to training): at least one each."""
+    if len(ids) < 2:
+        raise StageError(f"pack: {len(ids)} clean document(s); a train/val split needs at least 2")
+    draws = document_draws(ids, seed, "val")
+    mask = draws < val_fraction
+    if not mask.any():
+        mask[np.argmin(draws)] = True
+    elif mask.all():
+        mask[np.argmax(draws)] = False
     return mask
 
 
@@ -145,12 +153,9 @@ class Job:
     dtype: str
     threads: int  # encoding threads in a task: every core in this process, one in a pool's worker
     batch_documents: int
-    work: str  # absolute: workers on a cluster run elsewhere
+    store: Store  # the shards' tokens by digest (absolute: workers on a cluster run elsewhere)
     repeat: dict[str, int]  # a source's copies in train.bin (pack.repeat); others once
     sentences: bool  # pack.sentences: documents encoded sentence by sentence, their starts indexed
-
-    def folder(self, shard: Shard) -> Path:
-        return Path(self.work) / f"{shard.index:06d}"
 
 
 @cache
@@ -158,17 +163,17 @@ def _processor(model_file: str) -> spm.SentencePieceProcessor:
     return spm.SentencePieceProcessor(model_file=model_file)
 
 
-def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict:
-    """A shard's tokens by split (each document's `is_val` flag) into the work folder, whole or not at
-    all, and its training documents and tokens by source (each counted once). A repeated source's
+def encode_shard(job: Job, task: tuple[Shard, np.ndarray, str]) -> dict:
+    """A shard's tokens by split (each document's `is_val` flag) into the store's entry `key`, whole or
+    not at all, and its training documents and tokens by source (each counted once). A repeated source's
     training documents follow the shard's tokens again, `repeat - 1` more times, so that a sequential
     pass meets a copy a shard later, not straight after the original. SentencePiece releases the GIL
     while it encodes, so small batches on a thread pool keep every core busy, also while another
     thread turns ids into arrays."""
-    shard, is_val = task
-    folder = job.folder(shard)
-    if folder.exists():  # finished by an earlier, interrupted run
-        return json.loads((folder / "counts.json").read_text())
+    shard, is_val, key = task
+    kept = job.store.get(key)
+    if kept is not None:  # encoded by an earlier run: the same documents, split, tokenizer and params
+        return json.loads((kept / "counts.json").read_text())
     encoder = encode_sentences if job.sentences else encode_batch
     encode = partial(encoder, _processor(job.model_file), np.dtype(job.dtype))
     counts = {split: {"documents": 0, "tokens": 0} for split in SPLITS}
@@ -179,7 +184,7 @@ def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict:
     # a repeated training document's ids, its repeat and its sentences' lengths
     copies: list[tuple[np.ndarray, int, np.ndarray]] = []
     start = 0
-    with pq.ParquetFile(shard.path) as table_file, atomic_dir(folder) as tmp:
+    with pq.ParquetFile(shard.path) as table_file, job.store.put(key) as tmp:
         batches = table_file.iter_batches(
             batch_size=job.batch_documents, row_groups=[shard.row_group], columns=["text", "source"]
         )
@@ -241,38 +246,39 @@ def encode_shard(job: Job, task: tuple[Shard, np.ndarray]) -> dict:
 def pack(
     documents: list[Path], model_file: Path, cfg: PackParams, seed: int, scheduler: str | None, out_dir: Path
 ) -> dict:
-    """Every shard encoded into the work folder (in this process on all cores, on a process pool for a
-    large corpus, or on a Dask cluster), then the shards' tokens concatenated in corpus order. Returns
-    each split's documents and tokens (train's tokens with the repeated sources' copies), and the
-    training documents and tokens of each source, counted once."""
+    """Every shard encoded (in this process on all cores, on a process pool for a large corpus, or on a
+    Dask cluster) unless the store keeps its tokens from an earlier run, then the shards' tokens
+    concatenated in corpus order. A shard's entry is keyed by its documents' bytes and split: a
+    corpus that grows encodes its new shards only. Returns each split's documents and tokens (train's
+    tokens with the repeated sources' copies), and the training documents and tokens of each source,
+    counted once."""
     vocab_size = _processor(str(model_file.resolve())).get_piece_size()
     shards = resume.shards_of(documents)
     n_docs = sum(s.rows for s in shards)
-    is_val = val_mask(n_docs, cfg.val_fraction, seed)
+    is_val = val_mask(document_ids(shards), cfg.val_fraction, seed)
     cores = cpu_threads(cfg.threads)
     spread = scheduler is not None or n_docs > POOL_DOCS  # a pool's start-up costs more on less
     workers, threads = (cores, 1) if spread else (1, cores)
     dtype = token_dtype(vocab_size).name
-    job = Job(
-        str(model_file.resolve()),
-        dtype,
-        threads,
-        cfg.batch_documents,
-        str(PACK_WORK.resolve()),
-        cfg.repeat,
-        cfg.sentences,
-    )
-    resume.prepare(
-        PACK_WORK, resume.fingerprint([cfg.model_dump(), seed], [*documents, model_file], "stages.pack")
-    )
-    done = sum(job.folder(s).exists() for s in shards)
-    if done:
-        log.info("pack: resuming: %d of %d shards were encoded by an interrupted run", done, len(shards))
+    shaping = cfg.model_dump(exclude={"threads", "batch_documents"})  # these change no byte
+    config = {"pack": shaping, "seed": seed, "tokenizer_sha256": sha256_file(model_file)}
+    store = Store(PACK_STORE, "pack", config, "stages.pack").open()
+    model = str(model_file.resolve())
+    job = Job(model, dtype, threads, cfg.batch_documents, store, cfg.repeat, cfg.sentences)
+    contents = {path: sha256_file(Path(path)) for path in {s.path for s in shards}}
+    tasks = []
+    for shard in shards:
+        mask = is_val[shard.offset : shard.offset + shard.rows]
+        key = digest(contents[shard.path], shard.row_group, np.packbits(mask).tobytes().hex())
+        tasks.append((shard, mask, key))
+    kept = sum(store.path(key).is_dir() for _, _, key in tasks)
+    if kept:
+        what = "shards kept from an earlier run; encoding"
+        log.info("pack: %d of %d %s %d", kept, len(tasks), what, len(tasks) - kept)
     tallied = ("documents", "tokens", "sentences") if cfg.sentences else ("documents", "tokens")
     counts: dict = {split: dict.fromkeys(tallied, 0) for split in SPLITS}
     sources: dict[str, dict[str, int]] = {}
     meter = Meter("pack", total_docs=n_docs)
-    tasks = [(s, is_val[s.offset : s.offset + s.rows]) for s in shards]
     results = shard_map(partial(encode_shard, job), tasks, workers, scheduler, "pack")
     split_tokens = []  # each shard's tokens by split: where its index offsets start in the whole
     for shard, shard_counts in zip(shards, results, strict=True):
@@ -286,16 +292,27 @@ def pack(
                 total[key] += tally[key]
         meter.update(docs=shard.rows)
     meter.close()
+    entries = [store.path(key) for _, _, key in tasks]
     for split in SPLITS:
         with open(out_dir / f"{split}.bin", "wb") as out:
-            for shard in shards:
-                with open(job.folder(shard) / f"{split}.bin", "rb") as part:
+            for entry in entries:
+                with open(entry / f"{split}.bin", "rb") as part:
                     shutil.copyfileobj(part, out, 16 << 20)
         for index in (DOCUMENTS, SENTENCES) if cfg.sentences else ():
             with open(out_dir / f"{split}{index}", "wb") as out:
                 at = 0  # a shard's offsets are into its own tokens: shifted by the shards before it
-                for shard, tokens in zip(shards, split_tokens, strict=True):
-                    (np.fromfile(job.folder(shard) / f"{split}{index}", np.int64) + at).tofile(out)
+                for entry, tokens in zip(entries, split_tokens, strict=True):
+                    (np.fromfile(entry / f"{split}{index}", np.int64) + at).tofile(out)
                     at += tokens[split]
     counts["sources"] = dict(sorted(sources.items()))
+    store.keep_only(key for _, _, key in tasks)  # what a rerun on these inputs needs stays
     return counts
+
+
+def document_ids(shards: list[Shard]) -> list[str]:
+    """Every document's id, in corpus order."""
+    ids: list[str] = []
+    for shard in shards:
+        with pq.ParquetFile(shard.path) as table_file:
+            ids += table_file.read_row_group(shard.row_group, columns=["id"]).column(0).to_pylist()
+    return ids

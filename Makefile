@@ -63,6 +63,7 @@ bench: setup
 	$(INSTALL) '.[dev,bench]'
 	$(BIN)/python bench/data_throughput.py
 	$(BIN)/python bench/data_scale.py --sizes-mb 100 1000 --cluster
+	$(BIN)/python bench/data_incremental.py
 	$(BIN)/python bench/clean_reference.py
 	$(BIN)/python bench/clean_reference.py --generated-mb 100
 	$(BIN)/python bench/train_throughput.py

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,10 @@ import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lmpipe.layout import CLEAN_STORE  # noqa: E402
+
 STAGES = ("ingest", "clean", "tokenizer", "pack")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
@@ -119,12 +124,14 @@ def compare_cluster(project: Path) -> None:
     params = yaml.safe_load(params_file.read_text())
     params["clean"]["workers"] = 1
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    shutil.rmtree(project / CLEAN_STORE, ignore_errors=True)  # every shard judged, not kept from before
     one_seconds, _ = run_stage(project, "clean")
     one = clean_outputs(project)
     workers = {"n_workers": 2, "threads_per_worker": 1, "env": {"PYTHONPATH": str(ROOT)}}
     with LocalCluster(host="127.0.0.1", dashboard_address=None, **workers) as cluster:
         params["cluster"]["scheduler"] = cluster.scheduler_address
         params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+        shutil.rmtree(project / CLEAN_STORE)
         cluster_seconds, _ = run_stage(project, "clean")
     params["cluster"]["scheduler"] = None  # the cluster is gone: later runs of the project work here
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))

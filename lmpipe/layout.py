@@ -46,9 +46,9 @@ def raw_dir(source: str) -> Path:
     return RAW / source
 
 
-def ingest_work(source: str) -> Path:
-    """The units of input files an interrupted ingest of `source` finished; not a DVC output."""
-    return Path("data/.ingest-work") / source
+def ingest_store(source: str) -> Path:
+    """The files and units an ingest of `source` read, by digest, kept between runs; not a DVC output."""
+    return Path("data/.kept/ingest") / source
 
 
 def ingest_metrics(source: str) -> Path:

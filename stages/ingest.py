@@ -9,21 +9,21 @@ Hugging Face builder (streamed, capped at `max_documents`), a `save_to_disk` fol
 arrive as one, from the `hub` stage), or the unlabeled text of GLUE tasks' train splits as
 glue_prepare wrote them (task-adaptive pretraining, Gururangan et al. 2020).
 
-A folder of files is read in units of about UNIT_BYTES (whole files, in order), each into parts of its
-own: on every core here or on a Dask cluster (`cluster.scheduler`), and an interrupted run resumes
-from the units it finished (`data/.ingest-work/<name>`). The parts are the stage's output in the
-units' order, so the documents and their ids are the same whatever runs them.
+A folder of files is read in units of up to UNIT_BYTES (whole files, in order), each into parts of
+its own: on every core here or on a Dask cluster (`cluster.scheduler`). Each file's documents and
+each unit's parts are kept by digest (`data/.kept/ingest/<name>`): an interrupted run resumes from
+what it finished, and a new, changed or removed file is the only one read again. The parts are the
+stage's output in the units' order, so the documents and their ids are the same whatever runs them.
 """
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections import Counter
 from collections.abc import Sequence
 
 from lmpipe.data.ingesting import glue_manifest, ingest
-from lmpipe.layout import ingest_metrics, ingest_work, raw_dir
+from lmpipe.layout import ingest_metrics, raw_dir
 from lmpipe.params.cluster import ClusterParams
 from lmpipe.params.ingest import IngestParams
 from lmpipe.params.project import load_stage_params
@@ -75,7 +75,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "shards": shards,
                 },
             )
-        shutil.rmtree(ingest_work(name), ignore_errors=True)
         report = dict(sorted(counts.items()))
         write_json(ingest_metrics(name), report)
         run.log_metrics(report)

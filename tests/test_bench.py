@@ -79,6 +79,35 @@ def test_data_scale_measures_every_stage_its_growth_and_the_cluster(text_folder:
 
 
 @pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
+def test_data_incremental_adds_a_book_and_writes_the_bytes_of_a_run_from_scratch(
+    text_folder: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for path in text_folder.iterdir():
+        (folder / path.name).symlink_to(path)
+    book = "\n\n".join(
+        synthetic_corpus(seed=2, documents=60, lexicon_size=500, min_sentences=5, max_sentences=14)
+    )
+    (folder / "gutenberg_1_a_book.txt").write_text(book, encoding="utf-8")
+    args = ["--folder", str(folder), "--sizes-mb", "0.2", "--vocab-size", "600", "--work", str(tmp_path)]
+    lines = bench("data_incremental.py", *args, cwd=tmp_path)
+    runs = by_measure(lines, "data_incremental")
+    assert [r["run"] for r in runs] == [
+        "first",
+        "one_file_added",
+        "from_scratch_grown",
+        "tokenizer_trained_again",
+    ]
+    assert runs[1]["book"] == "gutenberg_1_a_book.txt" and all(r["seconds"] > 0 for r in runs)
+    assert runs[2]["same_bytes"] is True
+    [log] = by_measure(lines, "data_incremental_log")
+    assert any(line.startswith("ingest corpus: read 1 of ") for line in log["lines"])
+    [ratio] = by_measure(lines, "data_incremental_ratio")
+    assert ratio["added_over_first"] > 0
+
+
+@pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
 def test_clean_reference_runs_datatrove_on_the_same_documents(text_folder: Path, tmp_path: Path) -> None:
     pytest.importorskip("datatrove", reason="the bench extra: pip install -e '.[bench]' (make test has it)")
     work = ["--work", str(tmp_path), "--rules", "same_definitions"]  # `all` is the same code, other values

@@ -146,7 +146,9 @@ SHAPE = {
     "lmpipe/data/quality.py": {"clean"},
     "lmpipe/data/dedup.py": {"clean"},
     "lmpipe/data/parallel.py": {"ingest", "clean", "pack"},  # the shards of the data stages
-    "lmpipe/data/resume.py": {"ingest", "clean", "pack"},
+    "lmpipe/data/shards.py": {"clean", "pack"},
+    "lmpipe/data/store.py": {"ingest", "clean", "pack"},
+    "lmpipe/data/draws.py": {"tokenizer", "pack"},
     "lmpipe/schemas.py": {"ingest", "clean", "glue_prepare"},  # the tables they validate
     "lmpipe/glue/tasks.py": {"ingest", "glue_prepare", "finetune", "evaluate"},
     "lmpipe/glue/metrics.py": {"evaluate"},

@@ -22,7 +22,8 @@ import pytest
 
 from lmpipe.data import ingesting, packing
 from lmpipe.data.synthetic import corpus
-from lmpipe.layout import CLEAN_STORE, CLEAN_WORK, PACK_STORE, TOKENS, clean_shards, ingest_work
+from lmpipe.layout import CLEAN_STORE, CLEAN_WORK, PACK_STORE, TOKENS, clean_shards, ingest_store
+from lmpipe.params.project import load_params
 from lmpipe.runtime import StageError
 from lmpipe.schemas import NO_META
 from stages import clean, ingest, pack, tokenizer
@@ -290,19 +291,26 @@ def test_ingest_units_on_every_core_and_a_dask_cluster_give_the_bytes_of_one_pro
     monkeypatch.setattr(ingesting, "UNIT_BYTES", 6000)
     ingest.main(["books"])
     reference = raw(folder_source)
-    assert len([p for p in reference if "/part-" in p]) > 10  # a part per unit
+    assert len([p for p in reference if "/part-" in p]) > 5  # a part per unit
     assert documents(folder_source).equals(whole)  # the same documents, ids and order
-    assert not (folder_source.path / ingest_work("books")).exists()
+
+    def from_scratch() -> dict[str, bytes]:
+        shutil.rmtree(folder_source.path / ingest_store("books"))  # every file read again
+        ingest.main(["books"])
+        return raw(folder_source)
 
     folder_source.set("ingest.workers", 2)
-    ingest.main(["books"])
-    assert raw(folder_source) == reference
+    assert from_scratch() == reference
     with on_a_local_cluster(folder_source):
-        ingest.main(["books"])
-    assert raw(folder_source) == reference
+        assert from_scratch() == reference
 
 
-def test_a_failed_ingest_resumes_from_its_finished_units_and_rereads_an_edited_one(
+def files_read(caplog: pytest.LogCaptureFixture) -> int:
+    """How many files the last ingest of `books` read (the rest came from the store)."""
+    return int(caplog.text.rsplit("ingest books: read ", 1)[1].split(" of ")[0])
+
+
+def test_a_failed_ingest_resumes_from_its_finished_units_and_rereads_the_failed_one(
     folder_source: Workdir, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(ingesting, "UNIT_BYTES", 6000)
@@ -312,16 +320,48 @@ def test_a_failed_ingest_resumes_from_its_finished_units_and_rereads_an_edited_o
     with pytest.raises(StageError, match=r"zz.jsonl:\d+: malformed JSON line"):
         ingest.main(["books"])
     assert not (folder_source.path / "data/raw/books").exists()  # no partial output
-    finished = [p for p in (folder_source.path / ingest_work("books")).iterdir() if p.is_dir()]
-    assert len(finished) > 10 and all((p / "counts.json").is_file() for p in finished)
+    entries = folder_source.path / ingest_store("books") / "entries"
+    finished = [p for p in entries.iterdir() if not p.name.startswith(".")]
+    assert len(finished) > 5 and all((p / "counts.json").is_file() for p in finished)
 
     jsonl.write_text(good)  # fixed: its unit is read again, the others are not
     with caplog.at_level(logging.INFO, logger="lmpipe"):
         ingest.main(["books"])
-    assert f"resuming: {len(finished)} of {len(finished) + 1} units" in caplog.text
+    files = ingesting.resolve_files(load_params().ingest.sources["books"], "books")
+    last_unit = ingesting.units_of(files, folder_source.path / "books")[-1]
+    assert files_read(caplog) == len(last_unit.files) < len(files)
     resumed = raw(folder_source)
+    shutil.rmtree(folder_source.path / ingest_store("books"))
     ingest.main(["books"])  # from the start
     assert raw(folder_source) == resumed
+
+
+def test_an_added_changed_or_removed_file_is_the_only_one_read_with_the_bytes_of_a_run_from_scratch(
+    folder_source: Workdir, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(ingesting, "UNIT_BYTES", 6000)
+    ingest.main(["books"])
+    books = folder_source.path / "books"
+    extra = "\n\n".join(corpus(7, 9, 500, 5, 14))
+
+    def from_scratch() -> dict[str, bytes]:
+        grown = raw(folder_source)
+        shutil.rmtree(folder_source.path / ingest_store("books"))
+        ingest.main(["books"])
+        assert raw(folder_source) == grown
+        return grown
+
+    for change, read in [
+        (lambda: (books / "shelf-1/book-14b.txt").write_text(extra), 1),  # added mid-corpus
+        (lambda: (books / "shelf-2/book-05.txt").write_text(extra + "\n\nA new last page."), 1),
+        (lambda: (books / "shelf-0/book-00.txt").unlink(), 0),  # the first file removed
+    ]:
+        change()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="lmpipe"):
+            ingest.main(["books"])
+        assert files_read(caplog) == read
+        from_scratch()
 
 
 def test_a_long_unit_logs_its_progress(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lmpipe.data.synthetic import corpus
-from lmpipe.layout import CLEAN_WORK
+from lmpipe.layout import CLEAN_STORE
 from tests.workdir import Workdir
 
 
@@ -70,6 +70,7 @@ def test_a_full_disk_fails_in_one_line_and_keeps_the_previous_outputs(small_disk
 
     project.set("clean.workers", 2)  # the error comes back from a pool worker
     project.set("clean.max_chars", 800)  # drops the longer part of the corpus
+    shutil.rmtree(small_disk / CLEAN_STORE)  # the kept work too: its room is not what the run fills
     filler = fill(small_disk, leave=1_000_000)
     failed = project.run("clean")
     assert failed.returncode == 2, failed.stderr
@@ -80,8 +81,8 @@ def test_a_full_disk_fails_in_one_line_and_keeps_the_previous_outputs(small_disk
         k: v for k, v in before.items() if not k.startswith("data/.")
     }
     assert hidden_leftovers(small_disk / "data/clean") == []
-    judged = small_disk / CLEAN_WORK / "judged"
-    shards = list(judged.iterdir()) if judged.exists() else []
+    entries = small_disk / CLEAN_STORE / "entries"
+    shards = list(entries.iterdir()) if entries.exists() else []
     assert not [p for p in shards if p.name.startswith(".")]  # no half-written shard
     assert all((shard / "counts.json").is_file() for shard in shards)
 

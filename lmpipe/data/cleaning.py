@@ -24,11 +24,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lmpipe.data import dedup, resume
+from lmpipe.data import dedup
 from lmpipe.data.parallel import shard_map
 from lmpipe.data.progress import Meter
 from lmpipe.data.quality import Words, exact_key, failed_rule, minhash_signature, normalize
-from lmpipe.data.resume import Shard
+from lmpipe.data.shards import Shard, shards_of
 from lmpipe.data.store import Store, digest
 from lmpipe.layout import CLEAN_STORE, CLEAN_WORK
 from lmpipe.params.clean import CleanParams
@@ -168,7 +168,7 @@ def clean(
     bands, band_rows = dedup.lsh_params(cfg.near_dedup.threshold, cfg.near_dedup.num_perm)
     config = {"clean": cfg.model_dump(exclude={"workers"}), "seed": seed}
     store = Store(CLEAN_STORE, "clean", config, "stages.clean").open()
-    shards = resume.shards_of(files)
+    shards = shards_of(files)
     contents = {path: sha256_file(Path(path)) for path in {s.path for s in shards}}
     judged_keys = tuple(digest("judged", contents[s.path], s.row_group) for s in shards)
     shutil.rmtree(CLEAN_WORK, ignore_errors=True)  # this run's pairs: cheap to find again

@@ -1,5 +1,12 @@
 """What stage `ingest@<source>` is made of: a source's files, datasets or GLUE text read as
-documents, in units that an interrupted run keeps, with its drops counted."""
+documents, with their drops counted.
+
+A folder's files are read in units of consecutive files (a task for a worker, and an output part of
+its own). Each file's documents are kept in a store (lmpipe/data/store.py) keyed by its name and
+bytes, and each unit's parts by its files' keys: a new, changed or removed file is the only one read
+again, its unit's parts are assembled again from the kept files, and every other unit's parts are the
+kept ones. Where a unit ends depends on its files' names and sizes (a name's hash picks the ends, past
+a minimum size), so an added file moves the ends of its own unit only."""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ import json
 import os
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -18,21 +25,21 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lmpipe.data import resume
 from lmpipe.data.parallel import shard_map
 from lmpipe.data.progress import Meter
 from lmpipe.data.readers import FileReader, TextDecoder, detect_format, first_line
 from lmpipe.data.splitting import join_paragraphs, split_long
+from lmpipe.data.store import Store, digest
 from lmpipe.glue.tasks import task as glue_task
-from lmpipe.layout import ingest_work
+from lmpipe.layout import ingest_store
 from lmpipe.params.ingest import IngestParams, SourceParams
 from lmpipe.runtime import (
     StageError,
-    atomic_dir,
     cpu_threads,
     log,
     read_json,
     setup_logging,
+    sha256_file,
 )
 from lmpipe.schemas import DOCUMENT_COLUMNS, DOCUMENTS, DOCUMENTS_ARROW, NO_META, validate
 
@@ -47,7 +54,10 @@ ROW_GROUP_CHARS = 16_000_000
 SHARD_CHARS = 64_000_000  # characters of text per output file
 
 
-UNIT_BYTES = 64 << 20  # input bytes per unit of work: a task for a worker, a point to resume from
+UNIT_BYTES = 64 << 20  # input bytes a unit of work reaches at most (one file larger is a unit alone)
+
+
+UNIT_ENDS = 16  # past UNIT_BYTES / UNIT_ENDS, a unit ends after a file whose name hashes to 0 mod this
 
 
 UNIT_LOG_S = 30.0  # a unit still running after this long logs its progress (one large file)
@@ -81,24 +91,29 @@ class Unit:
     index: int
     files: tuple[tuple[str, str], ...]  # (path as the source gives it, its name in the documents' ids)
     nbytes: int
-    stamp: str  # of its files' paths, sizes and mtimes: an edited file re-reads its unit only
+
+
+def ends_a_unit(name: str) -> bool:
+    """Whether a unit may end after the file of this name: a draw from the name alone, so the ends
+    before and after an added file stay where they were."""
+    return hashlib.blake2b(name.encode(), digest_size=8).digest()[0] % UNIT_ENDS == 0
 
 
 def units_of(files: list[Path], root: Path) -> list[Unit]:
-    """The files in order, grouped into units of about UNIT_BYTES of input."""
+    """The files in order, grouped into units of up to UNIT_BYTES of input: a unit ends at that size,
+    or after a file whose name `ends_a_unit` once it holds a UNIT_ENDS-th of it."""
     units: list[Unit] = []
     batch: list[tuple[str, str]] = []
-    size, stamp = 0, hashlib.sha256()
+    size = 0
     for i, path in enumerate(files):
-        stat = path.stat()
         # ids relative to the source: the same text gives the same outputs wherever the folder lives
         name = path.name if path == root else path.relative_to(root).as_posix()
         batch.append((str(path), name))
-        size += stat.st_size
-        stamp.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-        if size >= UNIT_BYTES or i == len(files) - 1:
-            units.append(Unit(len(units), tuple(batch), size, stamp.hexdigest()[:16]))
-            batch, size, stamp = [], 0, hashlib.sha256()
+        size += path.stat().st_size
+        full = size >= UNIT_BYTES or (size >= UNIT_BYTES // UNIT_ENDS and ends_a_unit(name))
+        if full or i == len(files) - 1:
+            units.append(Unit(len(units), tuple(batch), size))
+            batch, size = [], 0
     return units
 
 
@@ -111,11 +126,8 @@ class Job:
     source: SourceParams
     encoding_errors: str
     on_malformed: str
-    work: str  # absolute: workers on a cluster run elsewhere
+    store: Store  # the files' documents and the units' parts by digest
     project: str  # the stage's folder, where a relative source path starts
-
-    def folder(self, unit: Unit) -> Path:
-        return Path(self.work) / f"{unit.index:06d}-{unit.stamp}"
 
     def local(self, path: str) -> Path:
         """The path here; a relative one as given (so errors name it so), unless this worker runs
@@ -125,13 +137,92 @@ class Job:
         return Path(self.project) / path
 
 
-def ingest_unit(job: Job, unit: Unit) -> dict[str, int]:
-    """A unit's documents as parts in its work folder, written whole; its counts."""
-    folder = job.folder(unit)
-    if folder.exists():  # finished by an earlier, interrupted run
-        return json.loads((folder / "counts.json").read_text())
+FILES = "files.json"  # in a unit's entry: each file's key -> [its first row, its rows, its counts]
+
+
+def ingest_unit(job: Job, unit: Unit) -> dict:
+    """A unit's documents as parts in its store entry, written whole; a file that an earlier run read
+    (into another unit's entry, which the store keeps) is copied from there, not read again. Its
+    counts, the files it read and the entries it used."""
+    here = Path.cwd() == Path(job.project)
+    paths = [Path(given) if here else job.local(given) for given, _ in unit.files]
+    file_keys = [
+        digest("file", name, sha256_file(path)) for path, (_, name) in zip(paths, unit.files, strict=True)
+    ]
+    unit_key = digest("unit", file_keys)
+    used = {"keys": [unit_key], "files_read": 0}
+    kept = job.store.get(unit_key)
+    if kept is not None:  # every file as an earlier run read it
+        return {"counts": json.loads((kept / "counts.json").read_text()), **used}
     setup_logging()  # a pool's worker process: the readers' warnings in the stage's format
-    source, counts = job.source, Counter()
+    # a unit can be one very large file: its worker logs how far it is, as the stage does per unit
+    # (characters for bytes: close enough for an ETA, but not against a compressed file's size)
+    compressed = any(given.endswith(".gz") for given, _ in unit.files)
+    total = None if compressed else unit.nbytes
+    meter = Meter(f"ingest {job.name}, unit {unit.index + 1}", None, total, UNIT_LOG_S, terminal=False)
+    earlier = kept_files(job.store, set(file_keys))
+    counts: Counter = Counter()
+    files: dict[str, list] = {}
+    rows_before = 0
+    with job.store.put(unit_key) as tmp:
+        writer = ShardWriter(tmp, job.name)
+        try:
+            for path, (_, name), key in zip(paths, unit.files, file_keys, strict=True):
+                if key in earlier:
+                    entry, first, rows, file_counts = earlier[key]
+                    writer.add_rows(kept_rows(entry, first, rows))
+                else:
+                    file_counts = Counter()
+                    docs = read_documents(job, path, name, file_counts, meter)
+                    add_documents(writer, docs, file_counts)
+                    used["files_read"] += 1
+                files[key] = [rows_before, file_counts["documents"], file_counts]
+                rows_before += file_counts["documents"]
+                counts.update(file_counts)
+        except BaseException:
+            writer.abandon()
+            raise
+        writer.close()
+        (tmp / "counts.json").write_text(json.dumps(counts))
+        (tmp / FILES).write_text(json.dumps(files))
+    return {"counts": dict(counts), **used}
+
+
+def kept_files(store: Store, wanted: set[str]) -> dict[str, tuple[Path, int, int, dict]]:
+    """Where the store keeps the documents of the wanted files (an earlier run's units hold them):
+    file key -> (the unit's entry, the file's first row in it, its rows, its counts)."""
+    found: dict[str, tuple[Path, int, int, dict]] = {}
+    for folder in sorted((store.root / "entries").iterdir()):
+        files = folder / FILES
+        if folder.name.startswith(".") or not files.is_file():
+            continue
+        try:
+            listed = json.loads(files.read_text())
+        except (OSError, ValueError):
+            continue  # a damaged entry: its files are read again
+        hits = wanted.intersection(listed).difference(found)
+        if hits and store.get(folder.name) is not None:
+            found |= {key: (folder, *listed[key]) for key in hits}
+    return found
+
+
+def kept_rows(entry: Path, first: int, rows: int) -> Iterator[tuple[str, str, str, str]]:
+    """Rows first .. first + rows of a unit's parts, in order, a row group at a time."""
+    at, end = 0, first + rows
+    for part in sorted(entry.glob("part-*.parquet")):
+        with pq.ParquetFile(part) as table_file:
+            for group in range(table_file.num_row_groups):
+                n = table_file.metadata.row_group(group).num_rows
+                if at < end and at + n > first:
+                    table = table_file.read_row_group(group, columns=DOCUMENT_COLUMNS)
+                    table = table.slice(max(first - at, 0), min(end, at + n) - max(first, at))
+                    yield from zip(*(table.column(c).to_pylist() for c in DOCUMENT_COLUMNS), strict=True)
+                at += n
+
+
+def read_documents(job: Job, path: Path, name: str, counts: Counter, meter: Meter) -> Iterator[Document]:
+    """One file's documents, its reads and drops counted."""
+    source = job.source
     reader = FileReader(
         TextDecoder(job.encoding_errors, counts),
         counts,
@@ -141,48 +232,29 @@ def ingest_unit(job: Job, unit: Unit) -> dict[str, int]:
         source.split_by,
         source.max_doc_chars,
     )
-
-    # a unit can be one very large file: its worker logs how far it is, as the stage does per unit
-    # (characters for bytes: close enough for an ETA, but not against a compressed file's size)
-    compressed = any(given.endswith(".gz") for given, _ in unit.files)
-    total = None if compressed else unit.nbytes
-    meter = Meter(f"ingest {job.name}, unit {unit.index + 1}", None, total, UNIT_LOG_S, terminal=False)
-
-    def docs() -> Iterator[Document]:
-        for given, name in unit.files:
-            counts["files"] += 1
-            path = job.local(given)
-            for n, (text, meta) in enumerate(reader.read(path, detect_format(path, source.format))):
-                meter.update(docs=1, nbytes=len(text))
-                yield f"{name}#{n}", text, meta
-
-    with atomic_dir(folder) as tmp:
-        write_source(tmp, job.name, docs(), counts)
-        (tmp / "counts.json").write_text(json.dumps(counts))
-    return dict(counts)
+    counts["files"] += 1
+    for n, (text, meta) in enumerate(reader.read(path, detect_format(path, source.format))):
+        meter.update(docs=1, nbytes=len(text))
+        yield f"{name}#{n}", text, meta
 
 
 def ingest_files(
     job: Job, files: list[Path], workers: int, scheduler: str | None, out: Path, counts: Counter
 ) -> int:
-    """Every unit of the files read into the work folder (in this process, on a process per core, or
-    on a Dask cluster), then their parts linked into `out` in order; returns the number of parts."""
+    """Every unit of the files (in this process, on a process per core, or on a Dask cluster) as parts
+    in the store, each file read only when the store lacks it, then the units' parts linked into `out`
+    in order; returns the number of parts."""
     units = units_of(files, Path(job.source.path))
-    config = [job.source.model_dump(), job.encoding_errors, job.on_malformed]
-    # the files are in each unit's stamp: an edited file makes only its unit stale
-    resume.prepare(Path(job.work), resume.fingerprint(config, [], "stages.ingest"))
-    done = sum(job.folder(u).exists() for u in units)
-    if done:
-        what = "units were read by an interrupted run"
-        log.info("ingest %s: resuming: %d of %d %s", job.name, done, len(units), what)
     meter = Meter(f"ingest {job.name}", total_bytes=sum(u.nbytes for u in units))
     results = shard_map(partial(ingest_unit, job), units, workers, scheduler, f"ingest@{job.name}")
-    parts = 0
-    for unit, unit_counts in zip(units, results, strict=True):
-        counts.update(unit_counts)
-        meter.update(docs=unit_counts.get("documents", 0), nbytes=unit.nbytes)
-        for part in sorted(job.folder(unit).glob("part-*.parquet")):
-            # a link, not a move: a run killed here still finds the unit whole in the work folder
+    parts, read, used = 0, 0, []
+    for unit, result in zip(units, results, strict=True):
+        counts.update(result["counts"])
+        read += result["files_read"]
+        used += result["keys"]
+        meter.update(docs=result["counts"].get("documents", 0), nbytes=unit.nbytes)
+        for part in sorted(job.store.path(used[-1]).glob("part-*.parquet")):
+            # a link, not a move: the store keeps the unit whole for the next run
             target = out / f"part-{parts:05d}.parquet"
             try:
                 os.link(part, target)
@@ -190,6 +262,14 @@ def ingest_files(
                 shutil.copyfile(part, target)
             parts += 1
     meter.close()
+    if read < len(files):
+        log.info(
+            "ingest %s: read %d of %d files; the others as an earlier run read them",
+            job.name,
+            read,
+            len(files),
+        )
+    job.store.keep_only(used)  # what a rerun on these files needs stays
     return parts
 
 
@@ -309,13 +389,18 @@ class ShardWriter:
         self.shard_chars = 0
 
     def add(self, doc_id: str, text: str, meta: str) -> None:
-        self.batch.append((f"{self.label}/{doc_id}", self.label, text, meta))  # ids unique across sources
-        self.batch_chars += len(text)
-        self.shard_chars += len(text)
-        if len(self.batch) >= ROW_GROUP_DOCS or self.batch_chars >= ROW_GROUP_CHARS:
-            self.flush()
-        if self.shard_chars >= SHARD_CHARS:
-            self.close()
+        self.add_rows([(f"{self.label}/{doc_id}", self.label, text, meta)])  # ids unique across sources
+
+    def add_rows(self, rows: Iterable[tuple[str, str, str, str]]) -> None:
+        """Whole rows (id, source, text, meta), as a kept file's parts hold them."""
+        for row in rows:
+            self.batch.append(row)
+            self.batch_chars += len(row[2])
+            self.shard_chars += len(row[2])
+            if len(self.batch) >= ROW_GROUP_DOCS or self.batch_chars >= ROW_GROUP_CHARS:
+                self.flush()
+            if self.shard_chars >= SHARD_CHARS:
+                self.close()
 
     def flush(self) -> None:
         if not self.batch:
@@ -345,20 +430,27 @@ class ShardWriter:
             self.shard_chars = 0
 
 
+def add_documents(
+    writer: ShardWriter, docs: Iterator[Document], counts: Counter, meter: Meter | None = None
+) -> None:
+    """The documents that hold more than whitespace, into the writer, counted."""
+    for doc_id, text, meta in docs:
+        if meter is not None:
+            meter.update(docs=1)
+        if not text.strip():
+            continue
+        writer.add(doc_id, text, meta)
+        counts["documents"] += 1
+        counts["characters"] += len(text)
+
+
 def write_source(
     folder: Path, label: str, docs: Iterator[Document], counts: Counter, meter: Meter | None = None
 ) -> int:
     """The documents as shards in `folder`; returns the number of shards."""
     writer = ShardWriter(folder, label)
     try:
-        for doc_id, text, meta in docs:
-            if meter is not None:
-                meter.update(docs=1)
-            if not text.strip():
-                continue
-            writer.add(doc_id, text, meta)
-            counts["documents"] += 1
-            counts["characters"] += len(text)
+        add_documents(writer, docs, counts, meter)
     except BaseException:
         writer.abandon()
         raise
@@ -372,8 +464,14 @@ def ingest(name: str, cfg: IngestParams, scheduler: str | None, out: Path, count
     stream, read here."""
     source, key = cfg.sources[name], f"ingest.sources.{name}"
     if source.kind == "files":
-        work = str(ingest_work(name).resolve())
-        job = Job(name, key, source, cfg.encoding_errors, cfg.on_malformed, work, str(Path.cwd()))
+        # the params that shape a file's documents: not where the folder is, nor which files it reads
+        config = {
+            key: source.model_dump(exclude={"path", "include"}),
+            "ingest.encoding_errors": cfg.encoding_errors,
+            "ingest.on_malformed": cfg.on_malformed,
+        }
+        store = Store(ingest_store(name), f"ingest {name}", config, "stages.ingest").open()
+        job = Job(name, key, source, cfg.encoding_errors, cfg.on_malformed, store, str(Path.cwd()))
         workers = cpu_threads(cfg.workers)
         return ingest_files(job, resolve_files(source, key), workers, scheduler, out, counts)
     meter = Meter(f"ingest {name}")

@@ -20,11 +20,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
-from lmpipe.data import resume
 from lmpipe.data.draws import document_draws
 from lmpipe.data.parallel import shard_map
 from lmpipe.data.progress import Meter
-from lmpipe.data.resume import Shard
+from lmpipe.data.shards import Shard, shards_of
 from lmpipe.data.store import Store, digest
 from lmpipe.layout import PACK_STORE
 from lmpipe.params.pack import PackParams
@@ -253,7 +252,7 @@ def pack(
     tokens with the repeated sources' copies), and the training documents and tokens of each source,
     counted once."""
     vocab_size = _processor(str(model_file.resolve())).get_piece_size()
-    shards = resume.shards_of(documents)
+    shards = shards_of(documents)
     n_docs = sum(s.rows for s in shards)
     is_val = val_mask(document_ids(shards), cfg.val_fraction, seed)
     cores = cpu_threads(cfg.threads)

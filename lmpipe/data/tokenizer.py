@@ -7,11 +7,11 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sentencepiece as spm
 
+from lmpipe.data.draws import document_draws
 from lmpipe.data.progress import Meter
 from lmpipe.data.splitting import split_long
 from lmpipe.params.tokenizer import TokenizerParams
@@ -31,13 +31,14 @@ _TOO_BIG = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a 
 def training_lines(
     paths: list[Path], cfg: TokenizerParams, total_chars: int, seed: int, stats: dict[str, int]
 ) -> Iterator[str]:
-    """Lines of a seeded sample of documents, about `max_train_chars` in all."""
+    """Lines of a seeded sample of documents, about `max_train_chars` in all. A document is drawn by its
+    id and the seed alone, so a corpus that grows keeps every document it drew (as long as its share
+    `max_train_chars / total_chars` stays), and adds the new documents it draws."""
     keep = min(1.0, cfg.max_train_chars / max(total_chars, 1))
-    rng = np.random.default_rng(seed)
     meter = Meter("tokenizer input", total_docs=sum(pq.read_metadata(path).num_rows for path in paths))
-    for batch in _text_batches(paths):
-        texts = batch.column(0).to_pylist()
-        chosen = rng.random(len(texts)) < keep
+    for batch in _batches(paths):
+        ids, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+        chosen = document_draws(ids, seed, "tokenizer") < keep
         for text, take in zip(texts, chosen, strict=True):
             if not take:
                 continue
@@ -49,12 +50,12 @@ def training_lines(
     meter.close()
 
 
-def _text_batches(paths: list[Path]) -> Iterator[pa.RecordBatch]:
-    """The text column in batches, one file open at a time (an open ParquetFile keeps the buffers it
-    read: all of a 4 GB corpus's shards open at once held 1.8 GB)."""
+def _batches(paths: list[Path]) -> Iterator[pa.RecordBatch]:
+    """The id and text columns in batches, one file open at a time (an open ParquetFile keeps the
+    buffers it read: all of a 4 GB corpus's shards open at once held 1.8 GB)."""
     for path in paths:
         with pq.ParquetFile(path) as table_file:
-            yield from table_file.iter_batches(batch_size=4096, columns=["text"])
+            yield from table_file.iter_batches(batch_size=4096, columns=["id", "text"])
 
 
 def train(lines: Iterator[str], cfg: TokenizerParams, seed: int) -> bytes:

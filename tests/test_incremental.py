@@ -1,0 +1,147 @@
+"""A corpus that grows: an added, changed or removed file costs that file (ingest reads it alone, clean
+judges and pack encodes its shards alone), and the outputs are the bytes of a run from scratch of the
+same params on the same files; also when a new document duplicates an old one and comes first, so
+that an old shard is written again."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from lmpipe.data import ingesting
+from lmpipe.data.synthetic import corpus
+from lmpipe.layout import CLEAN_STORE, PACK_STORE, ingest_store
+from tests.pipeline_helpers import run_stages
+from tests.workdir import Workdir
+
+DATA_OUTPUTS = ("data/raw", "data/clean", "data/tokens", "metrics/ingest", "metrics/clean.json")
+
+
+def outputs(workdir: Workdir) -> dict[str, bytes]:
+    """Every file the data stages after the tokenizer write, by path."""
+    files = []
+    for name in DATA_OUTPUTS:
+        path = workdir.path / name
+        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return {str(p.relative_to(workdir.path)): p.read_bytes() for p in files}
+
+
+def clean_texts(workdir: Workdir) -> list[str]:
+    parts = sorted((workdir.path / "data/clean").glob("part-*.parquet"))
+    return [text for part in parts for text in pq.read_table(part, columns=["text"]).column(0).to_pylist()]
+
+
+@pytest.fixture
+def growing(workdir: Workdir, monkeypatch: pytest.MonkeyPatch) -> Workdir:
+    """A folder of 24 files of 12 documents each, ingested, cleaned, tokenized and packed once."""
+    # units of about 4 to 7 files, as a large corpus has units of many: a unit ends past 16 kB after a
+    # file whose name draws an end (book-03, 09, 11, 14, 15, 17, 18, 22 here)
+    monkeypatch.setattr(ingesting, "UNIT_BYTES", 64_000)
+    monkeypatch.setattr(ingesting, "UNIT_ENDS", 4)
+    docs = corpus(3, 288, 400, 4, 10)
+    folder = workdir.path / "books"
+    folder.mkdir()
+    for i in range(24):
+        (folder / f"book-{i:02d}.txt").write_text("\n\n".join(docs[i * 12 : i * 12 + 12]))
+    workdir.sources(books={"path": str(folder), "include": ["*.txt"]})
+    workdir.set("clean.min_words", 10)
+    workdir.set("tokenizer.vocab_size", 400)
+    run_stages(workdir, "ingest", "clean", "tokenizer", "pack")
+    return workdir
+
+
+def grown_then_from_scratch(workdir: Workdir, caplog: pytest.LogCaptureFixture) -> tuple[dict, dict, str]:
+    """The outputs of an incremental run (the tokenizer kept as it was), its log, and the outputs of a
+    run from scratch on the same files with the same tokenizer."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lmpipe"):
+        run_stages(workdir, "ingest", "clean", "pack")
+    grown, log = outputs(workdir), caplog.text
+    for store in (ingest_store("books"), CLEAN_STORE, PACK_STORE):
+        shutil.rmtree(workdir.path / store)
+    run_stages(workdir, "ingest", "clean", "pack")
+    return grown, outputs(workdir), log
+
+
+def test_each_change_costs_its_file_and_gives_the_bytes_of_a_run_from_scratch(
+    growing: Workdir, caplog: pytest.LogCaptureFixture
+) -> None:
+    books = growing.path / "books"
+    shards = len(list((growing.path / "data/clean").glob("part-*.parquet")))
+    parts = sorted((growing.path / "data/clean").glob("part-*.parquet"))
+    kept = [row for part in parts for row in pq.read_table(part, columns=["id", "text"]).to_pylist()]
+    old = next(row["text"] for row in kept if row["id"].startswith("books/book-20.txt#"))
+    # an added file: its first document duplicates one of book-20's, and comes first in the corpus;
+    # it joins the unit of book-04 to book-09, the only unit it changes
+    added = "\n\n".join([old, *corpus(8, 10, 400, 4, 10)])
+    (books / "book-03b.txt").write_text(added)
+    assert not ingesting.ends_a_unit("book-03b.txt")
+    grown, scratch, log = grown_then_from_scratch(growing, caplog)
+    assert grown == scratch
+    assert "ingest books: read 1 of 25 files" in log
+    judged = re.search(r"clean: (\d+) of (\d+) shards judged by an earlier run; judging (\d+)", log)
+    assert judged and int(judged[3]) == 1 and int(judged[2]) == shards
+    encoded = re.search(r"pack: (\d+) of (\d+) shards kept from an earlier run; encoding (\d+)", log)
+    # the new shard, and book-20's, whose document the new one now stands for
+    assert encoded and int(encoded[3]) == 2 and int(encoded[2]) == shards
+    assert clean_texts(growing).count(old) == 1
+
+    (books / "book-11.txt").write_text(added.replace(old, "A changed first page of many words " * 3))
+    grown, scratch, log = grown_then_from_scratch(growing, caplog)
+    assert grown == scratch and "ingest books: read 1 of 25 files" in log
+
+    (books / "book-03b.txt").unlink()  # book-20's document is its shard's own again
+    grown, scratch, log = grown_then_from_scratch(growing, caplog)
+    assert grown == scratch and "ingest books: read 0 of 24 files" in log
+    judged = re.search(r"clean: (\d+) of (\d+) shards judged by an earlier run; judging (\d+)", log)
+    assert judged and int(judged[3]) == 1  # the unit it left, its other files copied from the store
+    assert clean_texts(growing).count(old) == 1
+
+
+def test_a_damaged_entry_is_computed_again_and_never_trusted(
+    growing: Workdir, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = outputs(growing)
+    entries = growing.path / PACK_STORE / "entries"
+    victim = next(p for p in sorted(entries.iterdir()) if (p / "train.bin").is_file())
+    (victim / "train.bin").write_bytes(
+        b"\0" * (victim / "train.bin").stat().st_size
+    )  # same size, other bytes
+    (growing.path / CLEAN_STORE / "index.json").unlink()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lmpipe"):
+        run_stages(growing, "ingest", "clean", "pack")
+    assert (
+        f"pack: kept entry {victim.name[:16]} is damaged (train.bin is not the bytes it recorded)"
+        in caplog.text
+    )
+    assert f"clean: rebuilding the kept work in {(growing.path / CLEAN_STORE).resolve()}: no index.json" in (
+        caplog.text
+    )
+    assert outputs(growing) == before
+
+
+def test_a_store_of_other_params_is_rebuilt_with_the_reason(
+    growing: Workdir, caplog: pytest.LogCaptureFixture
+) -> None:
+    growing.set("ingest.sources.books.max_doc_chars", 3000)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lmpipe"):
+        run_stages(growing, "ingest")
+    store = (growing.path / ingest_store("books")).resolve()
+    reason = "it was built with other params (ingest.sources.books.max_doc_chars)"
+    assert f"ingest books: rebuilding the kept work in {store}: {reason}" in caplog.text
+    assert "read " not in caplog.text  # every file read: no line of what was kept
+
+
+def test_the_store_is_beside_the_outputs_not_in_them(growing: Workdir) -> None:
+    kept = growing.path / "data/.kept"
+    assert {p.name for p in kept.iterdir()} == {"ingest", "clean", "pack"}
+    for stage in ("raw", "clean", "tokens"):
+        assert not any(p.name.startswith(".") for p in (growing.path / "data" / stage).rglob("*"))
+    assert Path(growing.path / "data/.kept/pack/index.json").is_file()

@@ -11,8 +11,8 @@ from nothing (`first`); then `dvc freeze tokenizer`, one book of about 1.2 MB ad
 it and any shard whose documents' fate it changed); then the same stages from scratch on the grown
 corpus with the same tokenizer (`data/.kept` removed, `dvc repro --force pack`), and whether the two
 wrote the same bytes (every output's md5 in dvc.lock); last, `dvc unfreeze tokenizer` and `dvc repro
-pack` (`tokenizer_trained_again`: a new tokenizer changes every token id, so pack encodes every
-shard). Wall time and the peak RSS of DVC's process tree, one JSON line each, and the ratio of the
+pack` with the tokenizer trained again (`tokenizer_trained_again`: a new tokenizer changes every
+token id, so pack encodes every shard). Wall time and the peak RSS of DVC's process tree, one JSON line each, and the ratio of the
 added book's run to the first. Not a test: nothing here asserts a time.
 """
 
@@ -72,10 +72,15 @@ def dvc(project: Path, *args: str) -> tuple[float, float, str]:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env |= {"DVC_NO_ANALYTICS": "1", "PYTHONPATH": str(project)}
     env.pop("MLFLOW_TRACKING_URI", None)  # the clone's own mlflow.db
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # Python's default: a stage's second start reads bytecode
     command = [sys.executable, "-m", "dvc", *args]
-    process = subprocess.Popen(command, cwd=project, env=env, stderr=subprocess.PIPE, text=True)
-    seconds, peak = peak_tree_rss(process)
-    stderr = process.stderr.read()
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a long log cannot block the run
+        process = subprocess.Popen(
+            command, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True
+        )
+        seconds, peak = peak_tree_rss(process)
+        log.seek(0)
+        stderr = log.read()
     if process.returncode:
         sys.exit(f"error: dvc {' '.join(args)} failed:\n{stderr[-3000:]}")
     return seconds, peak, stderr
@@ -137,8 +142,10 @@ def measure(folder: Path, megabytes: float, work: Path, vocab_size: int) -> None
     scratch, scratch_peak, _ = dvc(project, "repro", "--force", "pack")
     report("from_scratch_grown", scratch, scratch_peak, same_bytes=outputs_md5(project) == grown)
     dvc(project, "unfreeze", "tokenizer")
+    # (the forced run above recorded the frozen tokenizer as up to date: train it again by name)
+    trained, trained_peak, _ = dvc(project, "repro", "--force", "--single-item", "tokenizer")
     again, again_peak, _ = dvc(project, "repro", "pack")
-    report("tokenizer_trained_again", again, again_peak)
+    report("tokenizer_trained_again", trained + again, max(trained_peak, again_peak))
 
 
 def main() -> None:

@@ -289,6 +289,7 @@ def test_ingest_units_on_every_core_and_a_dask_cluster_give_the_bytes_of_one_pro
     assert whole.num_rows >= 300 and whole.column("id")[0].as_py() == "books/shelf-0/book-00.txt#0"
 
     monkeypatch.setattr(ingesting, "UNIT_BYTES", 6000)
+    monkeypatch.setattr(ingesting, "UNIT_MIN_BYTES", 375)
     ingest.main(["books"])
     reference = raw(folder_source)
     assert len([p for p in reference if "/part-" in p]) > 5  # a part per unit
@@ -314,6 +315,7 @@ def test_a_failed_ingest_resumes_from_its_finished_units_and_rereads_the_failed_
     folder_source: Workdir, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(ingesting, "UNIT_BYTES", 6000)
+    monkeypatch.setattr(ingesting, "UNIT_MIN_BYTES", 375)
     jsonl = folder_source.path / "books/zz.jsonl"
     good = jsonl.read_text()
     jsonl.write_text(good + "{not json\n")  # the last unit's file: every unit before it finishes
@@ -340,6 +342,7 @@ def test_an_added_changed_or_removed_file_is_the_only_one_read_with_the_bytes_of
     folder_source: Workdir, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(ingesting, "UNIT_BYTES", 6000)
+    monkeypatch.setattr(ingesting, "UNIT_MIN_BYTES", 375)
     ingest.main(["books"])
     books = folder_source.path / "books"
     extra = "\n\n".join(corpus(7, 9, 500, 5, 14))

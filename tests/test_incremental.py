@@ -6,8 +6,13 @@ that an old shard is written again."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,7 +22,7 @@ from lmpipe.data import ingesting
 from lmpipe.data.synthetic import corpus
 from lmpipe.layout import CLEAN_STORE, PACK_STORE, ingest_store
 from tests.pipeline_helpers import run_stages
-from tests.workdir import Workdir
+from tests.workdir import ROOT, Workdir
 
 DATA_OUTPUTS = ("data/raw", "data/clean", "data/tokens", "metrics/ingest", "metrics/clean.json")
 
@@ -41,8 +46,7 @@ def growing(workdir: Workdir, monkeypatch: pytest.MonkeyPatch) -> Workdir:
     """A folder of 24 files of 12 documents each, ingested, cleaned, tokenized and packed once."""
     # units of about 4 to 7 files, as a large corpus has units of many: a unit ends past 16 kB after a
     # file whose name draws an end (book-03, 09, 11, 14, 15, 17, 18, 22 here)
-    monkeypatch.setattr(ingesting, "UNIT_BYTES", 64_000)
-    monkeypatch.setattr(ingesting, "UNIT_ENDS", 4)
+    monkeypatch.setattr(ingesting, "UNIT_MIN_BYTES", 16_000)
     docs = corpus(3, 288, 400, 4, 10)
     folder = workdir.path / "books"
     folder.mkdir()
@@ -145,3 +149,43 @@ def test_the_store_is_beside_the_outputs_not_in_them(growing: Workdir) -> None:
     for stage in ("raw", "clean", "tokens"):
         assert not any(p.name.startswith(".") for p in (growing.path / "data" / stage).rglob("*"))
     assert Path(growing.path / "data/.kept/pack/index.json").is_file()
+
+
+@pytest.mark.slow  # in `make test` and CI; `-m "not slow"` leaves it out
+def test_a_kill_at_any_moment_of_an_incremental_run_leaves_the_next_run_the_same_bytes(
+    growing: Workdir,
+) -> None:
+    """SIGKILL at several moments of each stage's incremental run (starting up, working, writing its
+    outputs, pruning its store): its outputs are the previous ones or the whole new ones, and the runs
+    after give the bytes of a run from scratch."""
+    books = growing.path / "books"
+    (books / "book-07b.txt").write_text("\n\n".join(corpus(9, 12, 400, 4, 10)))
+    (books / "book-16.txt").unlink()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for stage, args, folder in (
+        ("ingest", ["books"], "data/raw"),
+        ("clean", [], "data/clean"),
+        ("pack", [], "data/tokens"),
+    ):
+        before, seen = files_under(growing.path / folder), []
+        for delay in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0):
+            command = [sys.executable, "-m", f"stages.{stage}", *args]
+            process = subprocess.Popen(command, cwd=growing.path, env=env, stderr=subprocess.DEVNULL)
+            time.sleep(delay)
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            seen.append(files_under(growing.path / folder))
+        finished = growing.run(stage, *args)
+        assert finished.returncode == 0, finished.stderr
+        after = files_under(growing.path / folder)
+        assert after != before and all(snapshot in (before, after) for snapshot in seen), stage
+    grown = outputs(growing)
+    for store in (ingest_store("books"), CLEAN_STORE, PACK_STORE):
+        shutil.rmtree(growing.path / store)
+    for stage, args in (("ingest", ["books"]), ("clean", []), ("pack", [])):  # as the runs above: processes
+        assert growing.run(stage, *args).returncode == 0
+    assert outputs(growing) == grown
+
+
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

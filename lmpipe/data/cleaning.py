@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lmpipe.data import dedup
-from lmpipe.data.parallel import shard_map
+from lmpipe.data.parallel import map_unless_kept, shard_map
 from lmpipe.data.progress import Meter
 from lmpipe.data.quality import Words, exact_key, failed_rule, minhash_signature, normalize
 from lmpipe.data.shards import Shard, shards_of
@@ -126,13 +126,7 @@ def keep(job: Job, out_dir: str, shard: Shard) -> dict[str, int]:
     """Phase 4: the shard's documents that are the first of their duplicate component, kept in the store
     by its judged entry and these decisions, and linked into the outputs."""
     folder = job.judged(shard)
-    index = shard.offset + np.load(folder / "rows.npy")
-    root = np.load(Path(job.work) / "root.npy", mmap_mode="r")
-    exact = np.load(Path(job.work) / "exact_duplicate.npy", mmap_mode="r")
-    first = np.asarray(root[index]) == index
-    is_exact = np.asarray(exact[index]).astype(bool)
-    decided = [np.packbits(flags).tobytes().hex() for flags in (first, is_exact)]
-    key = digest("kept", job.judged_keys[shard.index], len(index), *decided)
+    key, first, is_exact = decided(job, shard)
     entry = job.store.get(key)
     if entry is None:
         with job.store.put(key) as tmp:
@@ -151,6 +145,18 @@ def keep(job: Job, out_dir: str, shard: Shard) -> dict[str, int]:
     if (entry / "part.parquet").exists():
         link(entry / "part.parquet", Path(out_dir) / f"part-{shard.index:06d}.parquet")
     return {**json.loads((entry / "counts.json").read_text()), "key": key}
+
+
+def decided(job: Job, shard: Shard) -> tuple[str, np.ndarray, np.ndarray]:
+    """What was decided of the shard's documents that passed the rules (is each its component's first;
+    is it an exact copy) and the key of its output: its judged entry and these decisions."""
+    index = shard.offset + np.load(job.judged(shard) / "rows.npy")
+    root = np.load(Path(job.work) / "root.npy", mmap_mode="r")
+    exact = np.load(Path(job.work) / "exact_duplicate.npy", mmap_mode="r")
+    first = np.asarray(root[index]) == index
+    is_exact = np.asarray(exact[index]).astype(bool)
+    flags = [np.packbits(flags).tobytes().hex() for flags in (first, is_exact)]
+    return digest("kept", job.judged_keys[shard.index], len(index), *flags), first, is_exact
 
 
 def link(source: Path, target: Path) -> None:
@@ -174,13 +180,14 @@ def clean(
     shutil.rmtree(CLEAN_WORK, ignore_errors=True)  # this run's pairs: cheap to find again
     CLEAN_WORK.mkdir(parents=True)
     job = Job(cfg, seed, bands, band_rows, store, str(CLEAN_WORK.resolve()), judged_keys)
-    done = sum(store.path(key).is_dir() for key in judged_keys)
+    judged = [store.path(key).is_dir() for key in judged_keys]
+    done = sum(judged)
     if done:
         what = "shards judged by an earlier run; judging"
         log.info("clean: %d of %d %s %d", done, len(shards), what, len(shards) - done)
     counts: Counter = Counter()
     meter = Meter("clean", total_docs=sum(s.rows for s in shards))
-    for shard_counts in shard_map(partial(judge, job), shards, workers, scheduler, "clean"):
+    for shard_counts in map_unless_kept(partial(judge, job), shards, judged, workers, scheduler, "clean"):
         counts.update(shard_counts)
         dropped = sum(v for k, v in shard_counts.items() if k.startswith("dropped."))
         meter.update(shard_counts["documents_in"], shard_counts.get("characters_in", 0), dropped)
@@ -208,7 +215,9 @@ def clean(
     dedup.components(work / "root.npy", total, map(Path, pair_files))
 
     used = list(judged_keys)
-    for kept in shard_map(partial(keep, job, str(out.resolve())), shards, workers, scheduler, "clean"):
+    outputs = [store.path(decided(job, shard)[0]).is_dir() for shard in shards]
+    keep_shard = partial(keep, job, str(out.resolve()))
+    for kept in map_unless_kept(keep_shard, shards, outputs, workers, scheduler, "clean"):
         used.append(kept["key"])
         counts.update(
             {

@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lmpipe.data.parallel import shard_map
+from lmpipe.data.parallel import map_unless_kept
 from lmpipe.data.progress import Meter
 from lmpipe.data.readers import FileReader, TextDecoder, detect_format, first_line
 from lmpipe.data.splitting import join_paragraphs, split_long
@@ -57,7 +57,13 @@ SHARD_CHARS = 64_000_000  # characters of text per output file
 UNIT_BYTES = 64 << 20  # input bytes a unit of work reaches at most (one file larger is a unit alone)
 
 
-UNIT_ENDS = 16  # past UNIT_BYTES / UNIT_ENDS, a unit ends after a file whose name hashes to 0 mod this
+# a unit of at least UNIT_MIN_BYTES ends after a file whose name hashes to 0 mod UNIT_ENDS: units of
+# about 6 MB of 1 MB files (2 MB and four files more), so that an added file costs clean and pack a
+# shard or two
+UNIT_MIN_BYTES = 2 << 20
+
+
+UNIT_ENDS = 4
 
 
 UNIT_LOG_S = 30.0  # a unit still running after this long logs its progress (one large file)
@@ -91,6 +97,11 @@ class Unit:
     index: int
     files: tuple[tuple[str, str], ...]  # (path as the source gives it, its name in the documents' ids)
     nbytes: int
+    keys: tuple[str, ...]  # each file's: its name and the sha256 of its bytes
+
+    def key(self) -> str:
+        """Its entry's key in the store: its files' keys."""
+        return digest("unit", list(self.keys))
 
 
 def ends_a_unit(name: str) -> bool:
@@ -101,19 +112,21 @@ def ends_a_unit(name: str) -> bool:
 
 def units_of(files: list[Path], root: Path) -> list[Unit]:
     """The files in order, grouped into units of up to UNIT_BYTES of input: a unit ends at that size,
-    or after a file whose name `ends_a_unit` once it holds a UNIT_ENDS-th of it."""
+    or after a file whose name `ends_a_unit` once it holds UNIT_MIN_BYTES."""
     units: list[Unit] = []
     batch: list[tuple[str, str]] = []
+    keys: list[str] = []
     size = 0
     for i, path in enumerate(files):
         # ids relative to the source: the same text gives the same outputs wherever the folder lives
         name = path.name if path == root else path.relative_to(root).as_posix()
         batch.append((str(path), name))
+        keys.append(digest("file", name, sha256_file(path)))
         size += path.stat().st_size
-        full = size >= UNIT_BYTES or (size >= UNIT_BYTES // UNIT_ENDS and ends_a_unit(name))
+        full = size >= UNIT_BYTES or (size >= UNIT_MIN_BYTES and ends_a_unit(name))
         if full or i == len(files) - 1:
-            units.append(Unit(len(units), tuple(batch), size))
-            batch, size = [], 0
+            units.append(Unit(len(units), tuple(batch), size, tuple(keys)))
+            batch, keys, size = [], [], 0
     return units
 
 
@@ -146,10 +159,7 @@ def ingest_unit(job: Job, unit: Unit) -> dict:
     counts, the files it read and the entries it used."""
     here = Path.cwd() == Path(job.project)
     paths = [Path(given) if here else job.local(given) for given, _ in unit.files]
-    file_keys = [
-        digest("file", name, sha256_file(path)) for path, (_, name) in zip(paths, unit.files, strict=True)
-    ]
-    unit_key = digest("unit", file_keys)
+    file_keys, unit_key = unit.keys, unit.key()
     used = {"keys": [unit_key], "files_read": 0}
     kept = job.store.get(unit_key)
     if kept is not None:  # every file as an earlier run read it
@@ -246,7 +256,9 @@ def ingest_files(
     in order; returns the number of parts."""
     units = units_of(files, Path(job.source.path))
     meter = Meter(f"ingest {job.name}", total_bytes=sum(u.nbytes for u in units))
-    results = shard_map(partial(ingest_unit, job), units, workers, scheduler, f"ingest@{job.name}")
+    kept = [job.store.path(unit.key()).is_dir() for unit in units]
+    read_units = partial(ingest_unit, job)
+    results = map_unless_kept(read_units, units, kept, workers, scheduler, f"ingest@{job.name}")
     parts, read, used = 0, 0, []
     for unit, result in zip(units, results, strict=True):
         counts.update(result["counts"])

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import sentencepiece as spm
 
 from lmpipe.data.draws import document_draws
-from lmpipe.data.parallel import shard_map
+from lmpipe.data.parallel import map_unless_kept
 from lmpipe.data.progress import Meter
 from lmpipe.data.shards import Shard, shards_of
 from lmpipe.data.store import Store, digest
@@ -270,7 +270,8 @@ def pack(
         mask = is_val[shard.offset : shard.offset + shard.rows]
         key = digest(contents[shard.path], shard.row_group, np.packbits(mask).tobytes().hex())
         tasks.append((shard, mask, key))
-    kept = sum(store.path(key).is_dir() for _, _, key in tasks)
+    encoded = [store.path(key).is_dir() for _, _, key in tasks]
+    kept = sum(encoded)
     if kept:
         what = "shards kept from an earlier run; encoding"
         log.info("pack: %d of %d %s %d", kept, len(tasks), what, len(tasks) - kept)
@@ -278,7 +279,7 @@ def pack(
     counts: dict = {split: dict.fromkeys(tallied, 0) for split in SPLITS}
     sources: dict[str, dict[str, int]] = {}
     meter = Meter("pack", total_docs=n_docs)
-    results = shard_map(partial(encode_shard, job), tasks, workers, scheduler, "pack")
+    results = map_unless_kept(partial(encode_shard, job), tasks, encoded, workers, scheduler, "pack")
     split_tokens = []  # each shard's tokens by split: where its index offsets start in the whole
     for shard, shard_counts in zip(shards, results, strict=True):
         split_tokens.append({split: shard_counts[split]["tokens"] for split in SPLITS})

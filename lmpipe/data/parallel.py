@@ -70,3 +70,20 @@ def _dask_map(fn: Callable[[T], R], items: Sequence[T], scheduler: str, what: st
             ) from None
         finally:
             client.cancel(futures)
+
+
+def map_unless_kept(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    kept: Sequence[bool],
+    workers: int,
+    scheduler: str | None,
+    what: str,
+) -> Iterator[R]:
+    """`shard_map` of `fn` over the items an earlier run did not leave in the store; the kept ones (for
+    which `fn` only reads what is kept) in this process, so that a run with little to do starts no
+    workers. Results in the items' order."""
+    todo = [item for item, done in zip(items, kept, strict=True) if not done]
+    computed = shard_map(fn, todo, workers, scheduler, what)
+    for item, done in zip(items, kept, strict=True):
+        yield fn(item) if done else next(computed)

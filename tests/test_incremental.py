@@ -45,14 +45,17 @@ def clean_texts(workdir: Workdir) -> list[str]:
 def growing(workdir: Workdir, monkeypatch: pytest.MonkeyPatch) -> Workdir:
     """A folder of 24 files of 12 documents each, ingested, cleaned, tokenized and packed once."""
     # units of about 4 to 7 files, as a large corpus has units of many: a unit ends past 16 kB after a
-    # file whose name draws an end (book-03, 09, 11, 14, 15, 17, 18, 22 here)
+    # file whose name draws an end (book-03, 09, 11, 14, 15, 17, 18, 22 here); a file of 2,000
+    # characters or more is a row group of its own, as a book is
     monkeypatch.setattr(ingesting, "UNIT_MIN_BYTES", 16_000)
+    monkeypatch.setattr(ingesting, "FILE_GROUP_CHARS", 2_000)  # each file a row group: a shard of clean's
     docs = corpus(3, 288, 400, 4, 10)
     folder = workdir.path / "books"
     folder.mkdir()
     for i in range(24):
         (folder / f"book-{i:02d}.txt").write_text("\n\n".join(docs[i * 12 : i * 12 + 12]))
     workdir.sources(books={"path": str(folder), "include": ["*.txt"]})
+    workdir.set("ingest.workers", 1)  # in this process, where the sizes above are set
     workdir.set("clean.min_words", 10)
     workdir.set("tokenizer.vocab_size", 400)
     run_stages(workdir, "ingest", "clean", "tokenizer", "pack")
@@ -81,7 +84,7 @@ def test_each_change_costs_its_file_and_gives_the_bytes_of_a_run_from_scratch(
     kept = [row for part in parts for row in pq.read_table(part, columns=["id", "text"]).to_pylist()]
     old = next(row["text"] for row in kept if row["id"].startswith("books/book-20.txt#"))
     # an added file: its first document duplicates one of book-20's, and comes first in the corpus;
-    # it joins the unit of book-04 to book-09, the only unit it changes
+    # it joins the unit of book-04 to book-09, the only unit it changes, as a shard of its own
     added = "\n\n".join([old, *corpus(8, 10, 400, 4, 10)])
     (books / "book-03b.txt").write_text(added)
     assert not ingesting.ends_a_unit("book-03b.txt")
@@ -89,10 +92,10 @@ def test_each_change_costs_its_file_and_gives_the_bytes_of_a_run_from_scratch(
     assert grown == scratch
     assert "ingest books: read 1 of 25 files" in log
     judged = re.search(r"clean: (\d+) of (\d+) shards judged by an earlier run; judging (\d+)", log)
-    assert judged and int(judged[3]) == 1 and int(judged[2]) == shards
+    assert judged and int(judged[3]) == 1 and int(judged[2]) == shards + 1  # the new file's shard
     encoded = re.search(r"pack: (\d+) of (\d+) shards kept from an earlier run; encoding (\d+)", log)
     # the new shard, and book-20's, whose document the new one now stands for
-    assert encoded and int(encoded[3]) == 2 and int(encoded[2]) == shards
+    assert encoded and int(encoded[3]) == 2 and int(encoded[2]) == shards + 1
     assert clean_texts(growing).count(old) == 1
 
     (books / "book-11.txt").write_text(added.replace(old, "A changed first page of many words " * 3))
@@ -103,7 +106,7 @@ def test_each_change_costs_its_file_and_gives_the_bytes_of_a_run_from_scratch(
     grown, scratch, log = grown_then_from_scratch(growing, caplog)
     assert grown == scratch and "ingest books: read 0 of 24 files" in log
     judged = re.search(r"clean: (\d+) of (\d+) shards judged by an earlier run; judging (\d+)", log)
-    assert judged and int(judged[3]) == 1  # the unit it left, its other files copied from the store
+    assert judged and int(judged[3]) == 0  # its unit's other files are their own shards, kept
     assert clean_texts(growing).count(old) == 1
 
 

@@ -28,14 +28,13 @@ from lmpipe.data import dedup
 from lmpipe.data.parallel import map_unless_kept, shard_map
 from lmpipe.data.progress import Meter
 from lmpipe.data.quality import Words, exact_key, failed_rule, minhash_signature, normalize
-from lmpipe.data.shards import Shard, shards_of
+from lmpipe.data.shards import Shard, shard_digests, shards_of
 from lmpipe.data.store import Store, digest
 from lmpipe.layout import CLEAN_STORE, CLEAN_WORK
 from lmpipe.params.clean import CleanParams
 from lmpipe.runtime import (
     atomic_file,
     log,
-    sha256_file,
 )
 from lmpipe.schemas import DOCUMENT_COLUMNS, DOCUMENTS, DOCUMENTS_ARROW, validate
 
@@ -175,8 +174,8 @@ def clean(
     config = {"clean": cfg.model_dump(exclude={"workers"}), "seed": seed}
     store = Store(CLEAN_STORE, "clean", config, "stages.clean").open()
     shards = shards_of(files)
-    contents = {path: sha256_file(Path(path)) for path in {s.path for s in shards}}
-    judged_keys = tuple(digest("judged", contents[s.path], s.row_group) for s in shards)
+    contents = shard_digests(files)
+    judged_keys = tuple(digest("judged", contents[s.path, s.row_group]) for s in shards)
     shutil.rmtree(CLEAN_WORK, ignore_errors=True)  # this run's pairs: cheap to find again
     CLEAN_WORK.mkdir(parents=True)
     job = Job(cfg, seed, bands, band_rows, store, str(CLEAN_WORK.resolve()), judged_keys)

@@ -54,6 +54,12 @@ ROW_GROUP_CHARS = 16_000_000
 SHARD_CHARS = 64_000_000  # characters of text per output file
 
 
+# a row group ends with a file of at least this many characters, and after a smaller file whose name
+# draws an end once it holds as many: a file added to a folder of books changes its own row group only
+# (and clean judges, pack encodes, that shard only)
+FILE_GROUP_CHARS = 512_000
+
+
 UNIT_BYTES = 64 << 20  # input bytes a unit of work reaches at most (one file larger is a unit alone)
 
 
@@ -186,6 +192,7 @@ def ingest_unit(job: Job, unit: Unit) -> dict:
                     docs = read_documents(job, path, name, file_counts, meter)
                     add_documents(writer, docs, file_counts)
                     used["files_read"] += 1
+                writer.end_file(name, file_counts["characters"])
                 files[key] = [rows_before, file_counts["documents"], file_counts]
                 rows_before += file_counts["documents"]
                 counts.update(file_counts)
@@ -413,6 +420,12 @@ class ShardWriter:
                 self.flush()
             if self.shard_chars >= SHARD_CHARS:
                 self.close()
+
+    def end_file(self, name: str, characters: int) -> None:
+        """Where a file's documents end: the row group ends here if the file is a large one, or if it
+        holds FILE_GROUP_CHARS and the file's name draws an end (`ends_a_unit`)."""
+        if characters >= FILE_GROUP_CHARS or (self.batch_chars >= FILE_GROUP_CHARS and ends_a_unit(name)):
+            self.flush()
 
     def flush(self) -> None:
         if not self.batch:

@@ -23,7 +23,7 @@ import sentencepiece as spm
 from lmpipe.data.draws import document_draws
 from lmpipe.data.parallel import map_unless_kept
 from lmpipe.data.progress import Meter
-from lmpipe.data.shards import Shard, shards_of
+from lmpipe.data.shards import Shard, shard_digests, shards_of
 from lmpipe.data.store import Store, digest
 from lmpipe.layout import PACK_STORE
 from lmpipe.params.pack import PackParams
@@ -264,11 +264,11 @@ def pack(
     store = Store(PACK_STORE, "pack", config, "stages.pack").open()
     model = str(model_file.resolve())
     job = Job(model, dtype, threads, cfg.batch_documents, store, cfg.repeat, cfg.sentences)
-    contents = {path: sha256_file(Path(path)) for path in {s.path for s in shards}}
+    contents = shard_digests(documents)
     tasks = []
     for shard in shards:
         mask = is_val[shard.offset : shard.offset + shard.rows]
-        key = digest(contents[shard.path], shard.row_group, np.packbits(mask).tobytes().hex())
+        key = digest(contents[shard.path, shard.row_group], np.packbits(mask).tobytes().hex())
         tasks.append((shard, mask, key))
     encoded = [store.path(key).is_dir() for _, _, key in tasks]
     kept = sum(encoded)

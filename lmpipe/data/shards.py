@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,3 +30,23 @@ def shards_of(files: list[Path]) -> list[Shard]:
             shards.append(Shard(len(shards), str(path.resolve()), group, offset, rows))
             offset += rows
     return shards
+
+
+def shard_digests(files: list[Path]) -> dict[tuple[str, int], str]:
+    """(path as `shards_of` gives it, row group) -> sha256 of the row group's bytes in the file (its
+    column chunks, compressed): a shard's content, wherever it sits, read without decoding it."""
+    digests = {}
+    for path in files:
+        meta = pq.read_metadata(path)
+        with open(path, "rb") as handle:
+            for group in range(meta.num_row_groups):
+                digest = hashlib.sha256()
+                for column in range(meta.num_columns):
+                    chunk = meta.row_group(group).column(column)
+                    start = (
+                        chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+                    )
+                    handle.seek(start)
+                    digest.update(handle.read(chunk.total_compressed_size))
+                digests[str(path.resolve()), group] = digest.hexdigest()
+    return digests

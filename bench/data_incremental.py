@@ -12,8 +12,9 @@ it and any shard whose documents' fate it changed); then the same stages from sc
 corpus with the same tokenizer (`data/.kept` removed, `dvc repro --force pack`), and whether the two
 wrote the same bytes (every output's md5 in dvc.lock); last, `dvc unfreeze tokenizer` and `dvc repro
 pack` with the tokenizer trained again (`tokenizer_trained_again`: a new tokenizer changes every
-token id, so pack encodes every shard). Wall time and the peak RSS of DVC's process tree, one JSON line each, and the ratio of the
-added book's run to the first. Not a test: nothing here asserts a time.
+token id, so pack encodes every shard). Wall time and the peak RSS of DVC's process tree, one JSON
+line each, and the ratio of the added book's run to the first. Not a test: nothing here asserts a
+time.
 """
 
 from __future__ import annotations

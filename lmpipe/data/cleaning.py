@@ -12,7 +12,6 @@ the shards whose documents' fate changed are written again."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections import Counter
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from lmpipe.data.parallel import map_unless_kept, shard_map
 from lmpipe.data.progress import Meter
 from lmpipe.data.quality import Words, exact_key, failed_rule, minhash_signature, normalize
 from lmpipe.data.shards import Shard, shard_digests, shards_of
-from lmpipe.data.store import Store, digest
+from lmpipe.data.store import Store, digest, link
 from lmpipe.layout import CLEAN_STORE, CLEAN_WORK
 from lmpipe.params.clean import CleanParams
 from lmpipe.runtime import (
@@ -156,14 +155,6 @@ def decided(job: Job, shard: Shard) -> tuple[str, np.ndarray, np.ndarray]:
     is_exact = np.asarray(exact[index]).astype(bool)
     flags = [np.packbits(flags).tobytes().hex() for flags in (first, is_exact)]
     return digest("kept", job.judged_keys[shard.index], len(index), *flags), first, is_exact
-
-
-def link(source: Path, target: Path) -> None:
-    """`target` as a hard link to a kept file (a copy where the file system has none)."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
 
 
 def clean(

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import shutil
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -29,7 +27,7 @@ from lmpipe.data.parallel import map_unless_kept
 from lmpipe.data.progress import Meter
 from lmpipe.data.readers import FileReader, TextDecoder, detect_format, first_line
 from lmpipe.data.splitting import join_paragraphs, split_long
-from lmpipe.data.store import Store, digest
+from lmpipe.data.store import Store, digest, link
 from lmpipe.glue.tasks import task as glue_task
 from lmpipe.layout import ingest_store
 from lmpipe.params.ingest import IngestParams, SourceParams
@@ -273,12 +271,7 @@ def ingest_files(
         used += result["keys"]
         meter.update(docs=result["counts"].get("documents", 0), nbytes=unit.nbytes)
         for part in sorted(job.store.path(used[-1]).glob("part-*.parquet")):
-            # a link, not a move: the store keeps the unit whole for the next run
-            target = out / f"part-{parts:05d}.parquet"
-            try:
-                os.link(part, target)
-            except OSError:  # a file system without hard links
-                shutil.copyfile(part, target)
+            link(part, out / f"part-{parts:05d}.parquet")
             parts += 1
     meter.close()
     if read < len(files):

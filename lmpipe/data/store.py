@@ -114,6 +114,15 @@ class Store:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
+def link(source: Path, target: Path) -> None:
+    """`target` as a hard link to a kept file (a copy where the file system has none): the store keeps
+    the file whole for the next run."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
 def damage(folder: Path) -> str | None:
     """What is wrong with an entry's files against its record, or None."""
     try:

@@ -8,15 +8,22 @@ sets `LMPIPE_PARENT_RUN_ID`, else a `pipeline` run per (DVC experiment or worksp
 params.yaml), found or created by the first stage that runs. A fine-tune's run is found by the digest
 of the weights it loaded (`weights_sha256` on the pretrain run) and `evaluate` finds each fine-tune run
 by the digest of its predictions (`predictions_sha256`).
+
+A stage's runs are written by a helper process (`python -m lmpipe.tracking`, `serve`), which imports
+MLflow and opens the store (about 3 s) while the stage works: see `StageRun`.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import json
 import math
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -27,7 +34,7 @@ from pydantic import Field, ValidationError
 
 from lmpipe.layout import project_root
 from lmpipe.params.schema import PARAMS_FILE, Strict, _problems, read_params_yaml
-from lmpipe.runtime import StageError
+from lmpipe.runtime import StageError, log
 
 PARENT_RUN_ENV = "LMPIPE_PARENT_RUN_ID"
 WEIGHTS_TAG = "weights_sha256"
@@ -103,14 +110,24 @@ def _marked_experiment(client: Any, name: str) -> str:
     return found.experiment_id
 
 
-def pipeline_parent(client: Any, experiment: str) -> str:
-    """The parent run of this pipeline execution's stage runs: the flow's, or the `pipeline` run of this
-    (DVC experiment or workspace, commit, params.yaml), created by the first stage that needs it."""
+def pipeline_key() -> dict[str, str]:
+    """What names this pipeline execution: the flow's run (`run_id`), or the digest of (DVC experiment or
+    workspace, commit, params.yaml) that its `pipeline` run is tagged with."""
     if os.environ.get(PARENT_RUN_ENV):
-        return os.environ[PARENT_RUN_ENV]
+        return {"run_id": os.environ[PARENT_RUN_ENV]}
     workspace, commit = os.environ.get("DVC_EXP_NAME", "workspace"), git_commit()
     params = PARAMS_FILE.read_bytes() if PARAMS_FILE.exists() else b""
     key = hashlib.sha256(b"\0".join([workspace.encode(), commit.encode(), params])).hexdigest()[:12]
+    return {"key": key, "workspace": workspace, "commit": commit}
+
+
+def pipeline_parent(client: Any, experiment: str, execution: Mapping[str, str] | None = None) -> str:
+    """The parent run of this pipeline execution's stage runs (`execution`: `pipeline_key()`, read here
+    unless given): the flow's, or the `pipeline` run of its key, created by the first stage that needs it."""
+    execution = execution or pipeline_key()
+    if "run_id" in execution:
+        return execution["run_id"]
+    key, workspace, commit = execution["key"], execution["workspace"], execution["commit"]
     found = client.search_runs(
         [experiment],
         tags_query({PIPELINE_TAG: key}),
@@ -125,10 +142,10 @@ def pipeline_parent(client: Any, experiment: str) -> str:
     return run.info.run_id
 
 
-def run_tags(stage: str, parent: str, tags: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """The tags of a stage's run: the stage, the code's commit, the DVC experiment and the parent run
-    that group one pipeline execution, and the stage's own."""
-    found = {"stage": stage, "git_commit": git_commit(), **(tags or {}), "mlflow.parentRunId": parent}
+def run_tags(stage: str, tags: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The tags of a stage's run, but for its parent: the stage, the code's commit, the DVC experiment
+    and the stage's own."""
+    found = {"stage": stage, "git_commit": git_commit(), **(tags or {})}
     if os.environ.get("DVC_EXP_NAME"):
         found["dvc_experiment"] = os.environ["DVC_EXP_NAME"]
     return {k: str(v) for k, v in found.items()}
@@ -150,12 +167,28 @@ def git_commit() -> str:
 
 
 class StageRun:
-    """The handle a stage logs through while its MLflow run is open."""
+    """The handle a stage logs through while its run is open. A helper process writes the run
+    (`_RunWriter`): importing MLflow and opening its store take about 3 s, which it spends while the
+    stage works. The calls here are messages to it; the stage waits only for what it needs an answer
+    to: the run's ids, an artifact read, the run's end."""
 
-    def __init__(self, mlflow_module: Any, run_id: str, parent_id: str) -> None:
-        self._mlflow = mlflow_module
-        self.run_id = run_id
-        self.parent_id = parent_id  # the pipeline execution's run
+    def __init__(self, writer: _RunWriter) -> None:
+        self._writer = writer
+        self._ids: dict[str, str] | None = None
+
+    def _opened(self) -> dict[str, str]:
+        if self._ids is None:
+            self._ids = self._writer.reply()  # the answer to `start`, the first owed
+        return self._ids
+
+    @property
+    def run_id(self) -> str:
+        return self._opened()["run_id"]
+
+    @property
+    def parent_id(self) -> str:
+        """The pipeline execution's run."""
+        return self._opened()["parent_id"]
 
     def log_metrics(self, metrics: Mapping[str, Any]) -> None:
         numeric = {
@@ -164,23 +197,78 @@ class StageRun:
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
         if numeric:
-            self._mlflow.log_metrics(numeric)
+            self._writer.send("metrics", metrics=numeric)
 
     def log_series(self, key: str, values: Sequence[float], first_step: int = 0) -> None:
         """A curve (one value per step) in one request rather than one per point."""
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        metrics = [Metric(key, float(v), now, first_step + i) for i, v in enumerate(values)]
-        client = self._mlflow.MlflowClient()
-        for i in range(0, len(metrics), _MLFLOW_METRIC_BATCH):
-            client.log_batch(self.run_id, metrics=metrics[i : i + _MLFLOW_METRIC_BATCH])
+        self._writer.send("series", key=key, values=[float(v) for v in values], first_step=first_step)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._mlflow.set_tags({k: str(v) for k, v in tags.items()})
+        self._writer.send("tags", tags={k: str(v) for k, v in tags.items()})
 
     def log_artifact(self, path: str) -> None:
-        self._mlflow.log_artifact(path)
+        """Copied into the run's artifacts before this returns: the file may go afterwards."""
+        self._opened()
+        self._writer.send("artifact", path=str(Path(path).resolve()))
+        self._writer.reply()
+
+    def end(self, status: str, seconds: float | None) -> None:
+        self._opened()
+        self._writer.send("end", status=status, seconds=seconds)
+        self._writer.reply()
+
+
+class _RunWriter:
+    """The process that writes this process's stage runs (`python -m lmpipe.tracking`, `serve`): started
+    with the first, one for all of them (a fine-tune stage logs a run per job), ended with this process."""
+
+    def __init__(self) -> None:
+        package_root = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "lmpipe.tracking"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+        atexit.register(self.close)
+
+    def send(self, op: str, **fields: Any) -> None:
+        try:
+            self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # it stopped on an error, which its last reply says: the next `reply`
+            pass
+
+    def reply(self) -> dict[str, Any]:
+        line = self.process.stdout.readline()
+        if not line:
+            raise StageError(
+                f"MLflow: the process writing the runs ended (exit status {self.process.wait()})"
+            )
+        answer = json.loads(line)
+        if "error" in answer:
+            raise StageError(f"MLflow ({answer['uri']}): {answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        """No more runs: it ends (a run left open, KILLED) once it has written everything."""
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+_writer: _RunWriter | None = None
+
+
+def _run_writer() -> _RunWriter:
+    global _writer
+    if _writer is None or _writer.process.poll() is not None:
+        _writer = _RunWriter()
+    return _writer
 
 
 @contextmanager
@@ -192,29 +280,131 @@ def stage_run(
     run_name: str | None = None,
     started_at: float | None = None,
 ) -> Iterator[StageRun]:
-    """A stage's MLflow run, open for the block. `started_at` (a Unix time): the work was done before
-    the block, which logs it (a fine-tune in a worker process); the run starts and lasts as the work did."""
-    import mlflow  # slow to import; only stages that run pay for it
+    """A stage's MLflow run, open for the block, FAILED if it raises. `started_at` (a Unix time): the
+    work was done before the block, which logs it (a fine-tune in a worker process); the run starts and
+    lasts as the work did. A store that cannot be written fails the stage where it next waits for the
+    writer (at the latest, the block's end)."""
+    started = time.time() if started_at is None else started_at
+    writer = _run_writer()
+    writer.send(
+        "start",
+        uri=tracking_uri(),
+        experiment=experiment,
+        execution=pipeline_key(),
+        tags=run_tags(stage, tags),
+        run_name=run_name or stage,
+        started_at=started,
+        source=sys.argv[0] if sys.argv else "",
+        params={k: "" if v is None else str(v) for k, v in flatten(params).items()},
+    )
+    run = StageRun(writer)
+    try:
+        yield run
+    except BaseException:
+        try:
+            run.end("FAILED", None)
+        except StageError as exc:  # the stage's own error is the one to report
+            log.warning("%s", exc)
+        raise
+    run.end("FINISHED", time.time() - started)
 
-    mlflow.set_tracking_uri(tracking_uri())
-    client = mlflow.MlflowClient()
-    experiment_id_ = experiment_id(client, experiment)
-    mlflow.set_experiment(experiment_id=experiment_id_)
-    parent = pipeline_parent(client, experiment_id_)
-    name, all_tags = run_name or stage, run_tags(stage, parent, tags)
-    if started_at is None:
-        active = mlflow.start_run(run_name=name, tags=all_tags)
-    else:
-        created = client.create_run(experiment_id_, int(started_at * 1000), all_tags, name)
-        active = mlflow.start_run(run_id=created.info.run_id)
-    with active as run:
-        flat = [(k, "" if v is None else str(v)) for k, v in flatten(params).items()]
+
+class _Writes:
+    """What `serve` does with each message, in MLflow's client API."""
+
+    def __init__(self) -> None:
+        import mlflow  # the slow part, done as soon as the process starts
+
+        self.mlflow = mlflow
+        self.client: Any = None
+        self.uri = ""
+        self.run_id: str | None = None
+
+    def start(
+        self,
+        uri: str,
+        experiment: str,
+        execution: dict,
+        tags: dict,
+        run_name: str,
+        started_at: float,
+        source: str,
+        params: dict,
+    ) -> dict[str, str]:
+        from mlflow.entities import Param
+        from mlflow.tracking.context.registry import resolve_tags
+
+        if uri != self.uri:
+            self.client, self.uri = self.mlflow.MlflowClient(uri), uri
+        experiment_id_ = experiment_id(self.client, experiment)
+        parent = pipeline_parent(self.client, experiment_id_, execution)
+        sys.argv[:1] = [source]  # MLflow names the run's source and its git commit by the program's path
+        all_tags = {**resolve_tags(tags), "mlflow.parentRunId": parent}
+        run = self.client.create_run(experiment_id_, int(started_at * 1000), all_tags, run_name)
+        self.run_id = run.info.run_id
+        flat = [Param(k, v) for k, v in params.items()]
         for i in range(0, len(flat), _MLFLOW_BATCH):
-            mlflow.log_params(dict(flat[i : i + _MLFLOW_BATCH]))
-        started = time.perf_counter()
-        yield StageRun(mlflow, run.info.run_id, parent)
-        seconds = time.perf_counter() - started if started_at is None else time.time() - started_at
-        mlflow.log_metric("duration_s", seconds)
+            self.client.log_batch(self.run_id, params=flat[i : i + _MLFLOW_BATCH])
+        return {"run_id": self.run_id, "parent_id": parent}
+
+    def metrics(self, metrics: dict[str, float]) -> None:
+        self._log([(key, value, 0) for key, value in metrics.items()])
+
+    def series(self, key: str, values: list[float], first_step: int) -> None:
+        self._log([(key, value, first_step + i) for i, value in enumerate(values)])
+
+    def _log(self, points: list[tuple[str, float, int]]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, value, now, step) for key, value, step in points]
+        for i in range(0, len(metrics), _MLFLOW_METRIC_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + _MLFLOW_METRIC_BATCH])
+
+    def tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+    def artifact(self, path: str) -> dict:
+        self.client.log_artifact(self.run_id, path)
+        return {}
+
+    def end(self, status: str, seconds: float | None) -> dict:
+        if seconds is not None:
+            self._log([("duration_s", seconds, 0)])
+        self.client.set_terminated(self.run_id, status)
+        self.run_id = None
+        return {}
+
+
+def serve() -> None:
+    """`python -m lmpipe.tracking`: the writer of a stage process's runs (`_RunWriter`). A message a
+    line on stdin; `start`, `artifact` and `end` answered a line each on stdout; an error answers the
+    next line owed, or the first, and ends the process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted stage ends its run (FAILED) itself
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # what MLflow prints goes to the stage's log
+    writes: _Writes | None = None
+    uri = "?"
+    try:
+        writes = _Writes()
+        for line in sys.stdin:
+            message = json.loads(line)
+            uri = message.get("uri", uri)
+            answer = getattr(writes, message.pop("op"))(**message)
+            if answer is not None:
+                answers.write(json.dumps(answer) + "\n")
+                answers.flush()
+        if writes.run_id is not None:  # the stage ended without ending its run: killed
+            writes.client.set_terminated(writes.run_id, "KILLED")
+    except Exception as exc:
+        answers.write(json.dumps({"error": f"{type(exc).__name__}: {exc}", "uri": uri}) + "\n")
+        answers.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stderr.flush()
+    os._exit(0)  # every write is committed; the interpreter's teardown (0.5 s of MLflow) only delays
 
 
 def _client(uri: str | None = None) -> Any:
@@ -239,7 +429,7 @@ def lightning_logger(
         experiment_name=experiment,
         run_name=run_name or f"pretrain@{name}",
         tracking_uri=tracking_uri(),
-        tags=None if run_id else run_tags("pretrain", parent, tags),
+        tags=None if run_id else {**run_tags("pretrain", tags), "mlflow.parentRunId": parent},
         run_id=run_id,
     )
     if rank_zero_only.rank == 0:  # only rank 0 has a run (DDP/FSDP start one process per device)
@@ -376,3 +566,7 @@ class FlowTracking:
             metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if not math.isnan(float(v))],
             params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
         )
+
+
+if __name__ == "__main__":
+    serve()

@@ -15,7 +15,7 @@ import json
 import shutil
 from collections import Counter
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -100,15 +100,15 @@ def pair_task(job: Job, shards: list[Shard], task: tuple[str, int, int, int]) ->
         return str(out)
     keys, index = [], []
     for shard in shards:
-        folder = job.judged(shard)
-        shard_index = shard.offset + np.load(folder / "rows.npy")
+        rows, exact_keys, bands = judged_arrays(job.judged(shard))
+        shard_index = shard.offset + rows
         if not len(shard_index):
             continue
         if kind == "exact":
-            values = np.load(folder / "exact.npy")
+            values = exact_keys
             first = values[:, 0]
         else:
-            values = first = np.asarray(np.load(folder / "bands.npy", mmap_mode="r")[band])
+            values = first = np.asarray(bands[band])
         chosen = dedup.in_partition(first, part, parts)
         keys.append(values[chosen])
         index.append(shard_index[chosen])
@@ -120,13 +120,26 @@ def pair_task(job: Job, shards: list[Shard], task: tuple[str, int, int, int]) ->
     return str(out)
 
 
-def keep(job: Job, out_dir: str, shard: Shard) -> dict[str, int]:
+@lru_cache(maxsize=256)
+def judged_arrays(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A judged entry's rows, exact keys and (mapped, not read) LSH bands, loaded once per process for
+    all its sorts and decisions (every one of them where a small corpus sorts in this process)."""
+    bands = folder / "bands.npy"
+    return (
+        np.load(folder / "rows.npy"),
+        np.load(folder / "exact.npy"),
+        np.load(bands, mmap_mode="r") if bands.exists() else None,
+    )
+
+
+def keep(job: Job, out_dir: str, decision: tuple[Shard, str]) -> dict[str, int]:
     """Phase 4: the shard's documents that are the first of their duplicate component, kept in the store
-    by its judged entry and these decisions, and linked into the outputs."""
+    by its judged entry and these decisions (`key`), and linked into the outputs."""
+    shard, key = decision
     folder = job.judged(shard)
-    key, first, is_exact = decided(job, shard)
     entry = job.store.get(key)
     if entry is None:
+        _, first, is_exact = decided(job, shard)
         with job.store.put(key) as tmp:
             table = pq.read_table(folder / "kept.parquet").filter(pa.array(first, pa.bool_()))
             if table.num_rows:
@@ -148,7 +161,7 @@ def keep(job: Job, out_dir: str, shard: Shard) -> dict[str, int]:
 def decided(job: Job, shard: Shard) -> tuple[str, np.ndarray, np.ndarray]:
     """What was decided of the shard's documents that passed the rules (is each its component's first;
     is it an exact copy) and the key of its output: its judged entry and these decisions."""
-    index = shard.offset + np.load(job.judged(shard) / "rows.npy")
+    index = shard.offset + judged_arrays(job.judged(shard))[0]
     root = np.load(Path(job.work) / "root.npy", mmap_mode="r")
     exact = np.load(Path(job.work) / "exact_duplicate.npy", mmap_mode="r")
     first = np.asarray(root[index]) == index
@@ -205,9 +218,10 @@ def clean(
     dedup.components(work / "root.npy", total, map(Path, pair_files))
 
     used = list(judged_keys)
-    outputs = [store.path(decided(job, shard)[0]).is_dir() for shard in shards]
+    decisions = [(shard, decided(job, shard)[0]) for shard in shards]
+    outputs = [store.path(key).is_dir() for _, key in decisions]
     keep_shard = partial(keep, job, str(out.resolve()))
-    for kept in map_unless_kept(keep_shard, shards, outputs, workers, scheduler, "clean"):
+    for kept in map_unless_kept(keep_shard, decisions, outputs, workers, scheduler, "clean"):
         used.append(kept["key"])
         counts.update(
             {
@@ -218,4 +232,5 @@ def clean(
             }
         )
     store.keep_only(used)  # what a rerun on these inputs needs stays
+    judged_arrays.cache_clear()  # (their files may be gone)
     return counts

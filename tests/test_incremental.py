@@ -133,6 +133,23 @@ def test_a_damaged_entry_is_computed_again_and_never_trusted(
     assert outputs(growing) == before
 
 
+def test_an_entry_touched_but_not_changed_is_hashed_and_kept(
+    growing: Workdir, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Size and mtime as they were recorded: the entry is trusted unread; an mtime that moved makes its
+    bytes checked again, and the same bytes keep it."""
+    before = outputs(growing)
+    entries = growing.path / PACK_STORE / "entries"
+    touched = next(p for p in sorted(entries.iterdir()) if (p / "train.bin").is_file())
+    os.utime(touched / "train.bin", ns=(0, 0))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lmpipe"):
+        run_stages(growing, "pack")
+    assert "damaged" not in caplog.text
+    assert re.search(r"pack: (\d+) of \1 shards kept from an earlier run; encoding 0", caplog.text)
+    assert outputs(growing) == before
+
+
 def test_a_store_of_other_params_is_rebuilt_with_the_reason(
     growing: Workdir, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -5,8 +5,10 @@ they were made with.
 
 - A run whose config or code differs from the index's starts the store empty (one line says why),
   so a changed rule or param re-runs everything.
-- An entry is written whole or not at all (a temporary folder renamed), and records the size and
-  sha256 of each of its files; one that does not match them is recomputed (one line), never trusted.
+- An entry is written whole or not at all (a temporary folder renamed), and records the size, mtime
+  and sha256 of each of its files. A file whose size or mtime has changed is hashed again, and an
+  entry whose bytes differ is recomputed (one line), never trusted. Size and mtime are what DVC trusts
+  its own cache by: a run that keeps a 100 GB corpus does not read it again to check it.
 - A run that succeeds keeps only the entries it used; a killed run keeps what it finished, and the
   next run continues from there with the same bytes.
 """
@@ -96,7 +98,7 @@ class Store:
         try:
             yield tmp
             files = sorted(f for f in tmp.iterdir() if f.is_file())
-            record = {f.name: [f.stat().st_size, sha256_file(f)] for f in files}
+            record = {f.name: [f.stat().st_size, f.stat().st_mtime_ns, sha256_file(f)] for f in files}
             (tmp / ENTRY).write_text(json.dumps(record, sort_keys=True))
             try:
                 tmp.rename(self.path(key))
@@ -128,13 +130,15 @@ def damage(folder: Path) -> str | None:
     try:
         record = json.loads((folder / ENTRY).read_text())
     except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not all(isinstance(v, list) and len(v) == 3 for v in record.values()):
         return f"no readable {ENTRY}"
     present = {f.name for f in folder.iterdir() if f.name != ENTRY}
     if present != set(record):
         return "its files are not the ones it recorded"
-    for name, (size, sha256) in record.items():
-        path = folder / name
-        if path.stat().st_size != size or sha256_file(path) != sha256:
+    for name, (size, mtime_ns, sha256) in record.items():
+        found = (folder / name).stat()
+        if found.st_size != size or (found.st_mtime_ns != mtime_ns and sha256_file(folder / name) != sha256):
             return f"{name} is not the bytes it recorded"
     return None
 

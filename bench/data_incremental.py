@@ -72,11 +72,14 @@ def dvc(project: Path, *args: str) -> tuple[float, float, str]:
     """`dvc <args>` in the project: (wall seconds, peak RSS MB of its process tree, its stderr)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env |= {"DVC_NO_ANALYTICS": "1", "PYTHONPATH": str(project)}
+    # a folder of its own for temporary files (below), where the stages look for the process that writes
+    # their MLflow runs: each command starts one, as a run a day after the last would (run_writer.py)
     env.pop("MLFLOW_TRACKING_URI", None)  # the clone's own mlflow.db
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # Python's default: a stage's second start reads bytecode
     command = [sys.executable, "-m", "dvc", *args]
-    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a long log cannot block the run
-        process = subprocess.Popen(
+    with tempfile.TemporaryDirectory(prefix="dvc-", dir="/tmp") as tmp, tempfile.TemporaryFile("w+") as log:
+        env["TMPDIR"] = tmp
+        process = subprocess.Popen(  # (a log file, not a pipe: a long log cannot block the run)
             command, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True
         )
         seconds, peak = peak_tree_rss(process)

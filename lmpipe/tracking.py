@@ -9,18 +9,15 @@ params.yaml), found or created by the first stage that runs. A fine-tune's run i
 of the weights it loaded (`weights_sha256` on the pretrain run) and `evaluate` finds each fine-tune run
 by the digest of its predictions (`predictions_sha256`).
 
-A stage's runs are written by a helper process (`python -m lmpipe.tracking`, `serve`), which imports
-MLflow and opens the store (about 3 s) while the stage works: see `StageRun`.
+A stage does not import MLflow (about 3 s with its store): its runs are written by a process that the
+stages share (lmpipe/run_writer.py), warm after the first stage of a pipeline: see `StageRun`.
 """
 
 from __future__ import annotations
 
-import atexit
 import hashlib
-import json
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +31,7 @@ from pydantic import Field, ValidationError
 
 from lmpipe.layout import project_root
 from lmpipe.params.schema import PARAMS_FILE, Strict, _problems, read_params_yaml
+from lmpipe.run_writer import Connection
 from lmpipe.runtime import StageError, log
 
 PARENT_RUN_ENV = "LMPIPE_PARENT_RUN_ID"
@@ -43,8 +41,8 @@ PIPELINE_TAG = "pipeline_key"
 FLOW_PROCESS_TAG = "flow_process"  # a flow's parent run: the process that owns it (`flow_process`)
 # MLflow 3 opens an experiment without this tag on its GenAI overview ("Traces 0"), not on its runs
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-_MLFLOW_BATCH = 100  # MLflow's per-request cap on params
-_MLFLOW_METRIC_BATCH = 1000  # and on metrics
+MLFLOW_BATCH = 100  # MLflow's per-request cap on params
+MLFLOW_METRIC_BATCH = 1000  # and on metrics
 
 
 class TrackingParams(Strict):
@@ -167,12 +165,11 @@ def git_commit() -> str:
 
 
 class StageRun:
-    """The handle a stage logs through while its run is open. A helper process writes the run
-    (`_RunWriter`): importing MLflow and opening its store take about 3 s, which it spends while the
-    stage works. The calls here are messages to it; the stage waits only for what it needs an answer
-    to: the run's ids, an artifact read, the run's end."""
+    """The handle a stage logs through while its run is open. The run is written by the writer process
+    (lmpipe/run_writer.py): the calls here are messages to it, and the stage waits only for what it
+    needs an answer to: the run's ids, an artifact copied, the run's end."""
 
-    def __init__(self, writer: _RunWriter) -> None:
+    def __init__(self, writer: Connection) -> None:
         self._writer = writer
         self._ids: dict[str, str] | None = None
 
@@ -218,57 +215,23 @@ class StageRun:
         self._writer.reply()
 
 
-class _RunWriter:
-    """The process that writes this process's stage runs (`python -m lmpipe.tracking`, `serve`): started
-    with the first, one for all of them (a fine-tune stage logs a run per job), ended with this process."""
-
-    def __init__(self) -> None:
-        package_root = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "lmpipe.tracking"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": path},
-        )
-        atexit.register(self.close)
-
-    def send(self, op: str, **fields: Any) -> None:
-        try:
-            self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
-            self.process.stdin.flush()
-        except BrokenPipeError:  # it stopped on an error, which its last reply says: the next `reply`
-            pass
-
-    def reply(self) -> dict[str, Any]:
-        line = self.process.stdout.readline()
-        if not line:
-            raise StageError(
-                f"MLflow: the process writing the runs ended (exit status {self.process.wait()})"
-            )
-        answer = json.loads(line)
-        if "error" in answer:
-            raise StageError(f"MLflow ({answer['uri']}): {answer['error']}")
-        return answer
-
-    def close(self) -> None:
-        """No more runs: it ends (a run left open, KILLED) once it has written everything."""
-        self.process.stdin.close()
-        try:
-            self.process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+_connection: Connection | None = None
 
 
-_writer: _RunWriter | None = None
+def _writer() -> Connection:
+    """This process's connection to the writer (`lmpipe/run_writer.py`), for all its runs."""
+    global _connection
+    if _connection is None or _connection.broken:
+        _connection = Connection()
+    return _connection
 
 
-def _run_writer() -> _RunWriter:
-    global _writer
-    if _writer is None or _writer.process.poll() is not None:
-        _writer = _RunWriter()
-    return _writer
+def _absolute(uri: str) -> str:
+    """A SQLite store's URI with an absolute path: the writer serves stages in other folders."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
+        return prefix + str(Path(uri[len(prefix) :]).resolve())
+    return uri
 
 
 @contextmanager
@@ -285,10 +248,11 @@ def stage_run(
     lasts as the work did. A store that cannot be written fails the stage where it next waits for the
     writer (at the latest, the block's end)."""
     started = time.time() if started_at is None else started_at
-    writer = _run_writer()
+    writer = _writer()
     writer.send(
         "start",
-        uri=tracking_uri(),
+        cwd=os.getcwd(),
+        uri=_absolute(tracking_uri()),
         experiment=experiment,
         execution=pipeline_key(),
         tags=run_tags(stage, tags),
@@ -307,104 +271,6 @@ def stage_run(
             log.warning("%s", exc)
         raise
     run.end("FINISHED", time.time() - started)
-
-
-class _Writes:
-    """What `serve` does with each message, in MLflow's client API."""
-
-    def __init__(self) -> None:
-        import mlflow  # the slow part, done as soon as the process starts
-
-        self.mlflow = mlflow
-        self.client: Any = None
-        self.uri = ""
-        self.run_id: str | None = None
-
-    def start(
-        self,
-        uri: str,
-        experiment: str,
-        execution: dict,
-        tags: dict,
-        run_name: str,
-        started_at: float,
-        source: str,
-        params: dict,
-    ) -> dict[str, str]:
-        from mlflow.entities import Param
-        from mlflow.tracking.context.registry import resolve_tags
-
-        if uri != self.uri:
-            self.client, self.uri = self.mlflow.MlflowClient(uri), uri
-        experiment_id_ = experiment_id(self.client, experiment)
-        parent = pipeline_parent(self.client, experiment_id_, execution)
-        sys.argv[:1] = [source]  # MLflow names the run's source and its git commit by the program's path
-        all_tags = {**resolve_tags(tags), "mlflow.parentRunId": parent}
-        run = self.client.create_run(experiment_id_, int(started_at * 1000), all_tags, run_name)
-        self.run_id = run.info.run_id
-        flat = [Param(k, v) for k, v in params.items()]
-        for i in range(0, len(flat), _MLFLOW_BATCH):
-            self.client.log_batch(self.run_id, params=flat[i : i + _MLFLOW_BATCH])
-        return {"run_id": self.run_id, "parent_id": parent}
-
-    def metrics(self, metrics: dict[str, float]) -> None:
-        self._log([(key, value, 0) for key, value in metrics.items()])
-
-    def series(self, key: str, values: list[float], first_step: int) -> None:
-        self._log([(key, value, first_step + i) for i, value in enumerate(values)])
-
-    def _log(self, points: list[tuple[str, float, int]]) -> None:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        metrics = [Metric(key, value, now, step) for key, value, step in points]
-        for i in range(0, len(metrics), _MLFLOW_METRIC_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i : i + _MLFLOW_METRIC_BATCH])
-
-    def tags(self, tags: dict[str, str]) -> None:
-        from mlflow.entities import RunTag
-
-        self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-
-    def artifact(self, path: str) -> dict:
-        self.client.log_artifact(self.run_id, path)
-        return {}
-
-    def end(self, status: str, seconds: float | None) -> dict:
-        if seconds is not None:
-            self._log([("duration_s", seconds, 0)])
-        self.client.set_terminated(self.run_id, status)
-        self.run_id = None
-        return {}
-
-
-def serve() -> None:
-    """`python -m lmpipe.tracking`: the writer of a stage process's runs (`_RunWriter`). A message a
-    line on stdin; `start`, `artifact` and `end` answered a line each on stdout; an error answers the
-    next line owed, or the first, and ends the process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupted stage ends its run (FAILED) itself
-    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # what MLflow prints goes to the stage's log
-    writes: _Writes | None = None
-    uri = "?"
-    try:
-        writes = _Writes()
-        for line in sys.stdin:
-            message = json.loads(line)
-            uri = message.get("uri", uri)
-            answer = getattr(writes, message.pop("op"))(**message)
-            if answer is not None:
-                answers.write(json.dumps(answer) + "\n")
-                answers.flush()
-        if writes.run_id is not None:  # the stage ended without ending its run: killed
-            writes.client.set_terminated(writes.run_id, "KILLED")
-    except Exception as exc:
-        answers.write(json.dumps({"error": f"{type(exc).__name__}: {exc}", "uri": uri}) + "\n")
-        answers.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stderr.flush()
-    os._exit(0)  # every write is committed; the interpreter's teardown (0.5 s of MLflow) only delays
 
 
 def _client(uri: str | None = None) -> Any:
@@ -566,7 +432,3 @@ class FlowTracking:
             metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items() if not math.isnan(float(v))],
             params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
         )
-
-
-if __name__ == "__main__":
-    serve()

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import mlflow
+import psutil
+import pytest
 
-from lmpipe.tracking import PARENT_RUN_ENV
+from lmpipe import run_writer
+from lmpipe.tracking import PARENT_RUN_ENV, stage_run
 from tests.workdir import ROOT
 
 WRITER = """
@@ -52,6 +59,13 @@ def test_four_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
         )
 
 
+SHORT = """
+from lmpipe.tracking import stage_run
+
+with stage_run("short", "writers", {"point": 1}) as run:
+    run.log_metrics({"loss": 0.5})
+"""
+
 KILLED = """
 import os
 import signal
@@ -78,8 +92,8 @@ run_main(main)
 
 
 def test_a_stage_killed_leaves_its_run_killed_with_what_it_logged(tmp_path: Path) -> None:
-    """The helper process that writes the run sees the stage go and ends the run, rather than leaving it
-    RUNNING for ever."""
+    """The writer sees the stage's connection close without the run's end, and ends the run rather than
+    leaving it RUNNING for ever."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
     env.pop(PARENT_RUN_ENV, None)
@@ -87,7 +101,12 @@ def test_a_stage_killed_leaves_its_run_killed_with_what_it_logged(tmp_path: Path
         [sys.executable, "-c", KILLED], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == -signal.SIGKILL, out.stderr
-    run = mlflow.MlflowClient(uri).get_run(out.stdout.strip())  # the helper has ended: its stderr closed
+    client = mlflow.MlflowClient(uri)
+    deadline = time.monotonic() + 120
+    while (
+        run := client.get_run(out.stdout.strip())
+    ).info.status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert run.info.status == "KILLED" and run.data.metrics == {"loss": 0.5}
     assert run.data.tags["stage"] == "killed" and run.data.params == {"point": "1"}
 
@@ -103,3 +122,63 @@ def test_a_store_that_cannot_be_written_fails_the_stage_with_one_line(tmp_path: 
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert errors and errors[0].startswith(f"error: MLflow (sqlite:///{tmp_path}/store/mlflow.db): ")
     assert "Traceback" not in out.stderr
+
+
+def test_an_idle_writer_gives_up_its_socket_and_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_writer, "IDLE_SECONDS", 0.5)
+    path = tmp_path / "runs.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+    writer = threading.Thread(target=run_writer.serve, args=(listener.detach(), path), daemon=True)
+    writer.start()
+    writer.join(timeout=60)
+    assert not writer.is_alive() and not path.exists()
+
+
+def test_a_dead_writers_socket_is_replaced_by_a_new_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer killed with its socket left behind: the next stage starts another one there."""
+    folder = Path(tempfile.mkdtemp(prefix="writer-", dir="/tmp"))  # (a socket's path is short)
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(run_writer.socket_path()))
+    stale.close()  # bound, never listened on: a connection is refused, as to a dead writer's
+    connection = run_writer.Connection()
+    connection.send(
+        "start",
+        cwd=str(folder),
+        uri=f"sqlite:///{folder}/mlflow.db",
+        experiment="writers",
+        execution={"key": "k", "workspace": "w", "commit": "c"},
+        tags={"stage": "probe"},
+        run_name="probe",
+        started_at=time.time(),
+        source="probe.py",
+        params={},
+    )
+    assert connection.reply()["run_id"]
+    connection.send("end", status="FINISHED", seconds=1.0)
+    assert connection.reply() == {}
+    client = mlflow.MlflowClient(f"sqlite:///{folder}/mlflow.db")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("writers").experiment_id], "tags.stage = 'probe'"
+    )
+    assert [run.info.status for run in runs] == ["FINISHED"]
+
+
+def test_the_stages_of_a_pipeline_share_one_writer(tmp_path: Path) -> None:
+    """The second stage finds the first one's writer still there (while a run is open, its only one)."""
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "PYTHONPATH": str(ROOT),
+    }
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", SHORT], env=env, cwd=tmp_path, check=True, timeout=300)
+    with stage_run("third", "writers", {}):
+        listening = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if str(run_writer.socket_path()) in (p.info["cmdline"] or [])
+        ]
+    assert len(listening) == 1

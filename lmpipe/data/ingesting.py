@@ -221,6 +221,17 @@ def kept_files(store: Store, wanted: set[str]) -> dict[str, tuple[Path, int, int
     return found
 
 
+def new_bytes(job: Job, units: list[Unit]) -> int:
+    """The size of the units' files that no earlier run read (the others are copied from the store)."""
+    earlier = kept_files(job.store, {key for unit in units for key in unit.keys})
+    return sum(
+        Path(given).stat().st_size
+        for unit in units
+        for (given, _), key in zip(unit.files, unit.keys, strict=True)
+        if key not in earlier
+    )
+
+
 def kept_rows(entry: Path, first: int, rows: int) -> Iterator[tuple[str, str, str, str]]:
     """Rows first .. first + rows of a unit's parts, in order, a row group at a time."""
     at, end = 0, first + rows
@@ -262,6 +273,11 @@ def ingest_files(
     units = units_of(files, Path(job.source.path))
     meter = Meter(f"ingest {job.name}", total_bytes=sum(u.nbytes for u in units))
     kept = [job.store.path(unit.key()).is_dir() for unit in units]
+    if (
+        not scheduler
+        and new_bytes(job, [u for u, done in zip(units, kept, strict=True) if not done]) < UNIT_BYTES
+    ):
+        workers = 1  # starting worker processes takes longer than reading a few new files (a book) here
     read_units = partial(ingest_unit, job)
     results = map_unless_kept(read_units, units, kept, workers, scheduler, f"ingest@{job.name}")
     parts, read, used = 0, 0, []

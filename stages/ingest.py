@@ -22,7 +22,6 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 
-from lmpipe.data.ingesting import glue_manifest, ingest
 from lmpipe.layout import ingest_metrics, raw_dir
 from lmpipe.params.cluster import ClusterParams
 from lmpipe.params.ingest import IngestParams
@@ -52,13 +51,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise StageError(f"usage: python -m stages.ingest <source>; the sources (ingest.sources): {known}")
     name = args[0]
     source, key = cfg.sources[name], f"ingest.sources.{name}"
-    synthetic = source.synthetic or (source.kind == "glue" and glue_manifest(source, key)["synthetic"])
     with stage_run(
         "ingest",
         tracking_experiment(),
         {"ingest": {"source": name, **source.model_dump(), "encoding_errors": cfg.encoding_errors}},
-        {"data.synthetic": synthetic, "source": name},
+        {"source": name},
     ) as run:
+        # the readers (pandas, pyarrow: 0.6 s) load once the run's writer has started: ingest is often a
+        # pipeline's first stage, which waits for a writer that was not running (lmpipe/run_writer.py)
+        from lmpipe.data.ingesting import glue_manifest, ingest
+
+        synthetic = source.synthetic or (source.kind == "glue" and glue_manifest(source, key)["synthetic"])
+        run.set_tags({"data.synthetic": synthetic})
         counts: Counter = Counter()
         with atomic_dir(raw_dir(name)) as tmp:
             shards = ingest(name, params.ingest, params.cluster.scheduler, tmp, counts)

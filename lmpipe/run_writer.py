@@ -83,7 +83,7 @@ class Connection:
     """A stage process's line to the writer: messages out, answers in (see `stage_run`)."""
 
     def __init__(self) -> None:
-        path = socket_path()  # (absolute: connect() resolves it against this process's folder)
+        self.path = path = socket_path()  # (absolute: connect() resolves it against this folder)
         sock = _dial(path)
         if sock is None:
             with _locked(path):

@@ -31,7 +31,7 @@ from pydantic import Field, ValidationError
 
 from lmpipe.layout import project_root
 from lmpipe.params.schema import PARAMS_FILE, Strict, _problems, read_params_yaml
-from lmpipe.run_writer import Connection
+from lmpipe.run_writer import Connection, socket_path
 from lmpipe.runtime import StageError, log
 
 PARENT_RUN_ENV = "LMPIPE_PARENT_RUN_ID"
@@ -221,7 +221,7 @@ _connection: Connection | None = None
 def _writer() -> Connection:
     """This process's connection to the writer (`lmpipe/run_writer.py`), for all its runs."""
     global _connection
-    if _connection is None or _connection.broken:
+    if _connection is None or _connection.broken or _connection.path != socket_path():  # (other settings)
         _connection = Connection()
     return _connection
 

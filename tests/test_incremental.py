@@ -19,8 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from lmpipe.data import ingesting
+from lmpipe.data.shards import row_group_digests
 from lmpipe.data.synthetic import corpus
 from lmpipe.layout import CLEAN_STORE, PACK_STORE, ingest_store
+from lmpipe.runtime import sha256_file
 from tests.pipeline_helpers import run_stages
 from tests.workdir import ROOT, Workdir
 
@@ -148,6 +150,28 @@ def test_an_entry_touched_but_not_changed_is_hashed_and_kept(
     assert "damaged" not in caplog.text
     assert re.search(r"pack: (\d+) of \1 shards kept from an earlier run; encoding 0", caplog.text)
     assert outputs(growing) == before
+
+
+def test_inputs_whose_stat_has_not_moved_are_not_read_for_their_digests(
+    growing: Workdir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digests of the source files and of the raw and clean parts' row groups are kept by each
+    file's size, mtime and inode: a run over the same files reads none of them, and a changed file is
+    the only source file read again (with the parts of its unit, which are new files)."""
+    hashed: list[str] = []
+    monkeypatch.setattr(ingesting, "sha256_file", lambda path: hashed.append(path.name) or sha256_file(path))
+    monkeypatch.setattr(
+        "lmpipe.data.shards.row_group_digests",
+        lambda path: hashed.append(path.name) or row_group_digests(path),
+    )
+    run_stages(growing, "ingest", "clean", "pack")
+    assert hashed == []
+    book = growing.path / "books/book-05.txt"
+    book.write_text(book.read_text() + "\n\n" + corpus(9, 1, 400, 4, 10)[0])
+    run_stages(growing, "ingest", "clean", "pack")
+    assert [name for name in hashed if name.endswith(".txt")] == ["book-05.txt"]
+    parts = [*(growing.path / "data/raw/books").glob("part-*"), *(growing.path / "data/clean").glob("part-*")]
+    assert 0 < len([name for name in hashed if name.startswith("part-")]) < len(parts) / 2
 
 
 def test_a_store_of_other_params_is_rebuilt_with_the_reason(

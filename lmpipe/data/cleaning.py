@@ -28,7 +28,7 @@ from lmpipe.data.parallel import map_unless_kept, shard_map
 from lmpipe.data.progress import Meter
 from lmpipe.data.quality import Words, exact_key, failed_rule, minhash_signature, normalize
 from lmpipe.data.shards import Shard, shard_digests, shards_of
-from lmpipe.data.store import Store, digest, link
+from lmpipe.data.store import StatMemo, Store, digest, link
 from lmpipe.layout import CLEAN_STORE, CLEAN_WORK
 from lmpipe.params.clean import CleanParams
 from lmpipe.runtime import (
@@ -178,7 +178,7 @@ def clean(
     config = {"clean": cfg.model_dump(exclude={"workers"}), "seed": seed}
     store = Store(CLEAN_STORE, "clean", config, "stages.clean").open()
     shards = shards_of(files)
-    contents = shard_digests(files)
+    contents = shard_digests(files, StatMemo(store, "shard-digests.json"))
     judged_keys = tuple(digest("judged", contents[s.path, s.row_group]) for s in shards)
     shutil.rmtree(CLEAN_WORK, ignore_errors=True)  # this run's pairs: cheap to find again
     CLEAN_WORK.mkdir(parents=True)

@@ -27,7 +27,7 @@ from lmpipe.data.parallel import map_unless_kept
 from lmpipe.data.progress import Meter
 from lmpipe.data.readers import FileReader, TextDecoder, detect_format, first_line
 from lmpipe.data.splitting import join_paragraphs, split_long
-from lmpipe.data.store import Store, digest, link
+from lmpipe.data.store import StatMemo, Store, digest, link
 from lmpipe.glue.tasks import task as glue_task
 from lmpipe.layout import ingest_store
 from lmpipe.params.ingest import IngestParams, SourceParams
@@ -114,9 +114,10 @@ def ends_a_unit(name: str) -> bool:
     return hashlib.blake2b(name.encode(), digest_size=8).digest()[0] % UNIT_ENDS == 0
 
 
-def units_of(files: list[Path], root: Path) -> list[Unit]:
+def units_of(files: list[Path], root: Path, memo: StatMemo | None = None) -> list[Unit]:
     """The files in order, grouped into units of up to UNIT_BYTES of input: a unit ends at that size,
-    or after a file whose name `ends_a_unit` once it holds UNIT_MIN_BYTES."""
+    or after a file whose name `ends_a_unit` once it holds UNIT_MIN_BYTES. A file's sha256 is taken
+    from `memo` (the store's) while its stat has not moved."""
     units: list[Unit] = []
     batch: list[tuple[str, str]] = []
     keys: list[str] = []
@@ -125,7 +126,7 @@ def units_of(files: list[Path], root: Path) -> list[Unit]:
         # ids relative to the source: the same text gives the same outputs wherever the folder lives
         name = path.name if path == root else path.relative_to(root).as_posix()
         batch.append((str(path), name))
-        keys.append(digest("file", name, sha256_file(path)))
+        keys.append(digest("file", name, memo.get(path, sha256_file) if memo else sha256_file(path)))
         size += path.stat().st_size
         full = size >= UNIT_BYTES or (size >= UNIT_MIN_BYTES and ends_a_unit(name))
         if full or i == len(files) - 1:
@@ -270,7 +271,9 @@ def ingest_files(
     """Every unit of the files (in this process, on a process per core, or on a Dask cluster) as parts
     in the store, each file read only when the store lacks it, then the units' parts linked into `out`
     in order; returns the number of parts."""
-    units = units_of(files, Path(job.source.path))
+    memo = StatMemo(job.store, "file-digests.json")
+    units = units_of(files, Path(job.source.path), memo)
+    memo.save()
     meter = Meter(f"ingest {job.name}", total_bytes=sum(u.nbytes for u in units))
     kept = [job.store.path(unit.key()).is_dir() for unit in units]
     if (

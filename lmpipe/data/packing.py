@@ -24,7 +24,7 @@ from lmpipe.data.draws import document_draws
 from lmpipe.data.parallel import map_unless_kept
 from lmpipe.data.progress import Meter
 from lmpipe.data.shards import Shard, shard_digests, shards_of
-from lmpipe.data.store import Store, digest
+from lmpipe.data.store import StatMemo, Store, digest
 from lmpipe.layout import PACK_STORE
 from lmpipe.params.pack import PackParams
 from lmpipe.runtime import (
@@ -264,7 +264,7 @@ def pack(
     store = Store(PACK_STORE, "pack", config, "stages.pack").open()
     model = str(model_file.resolve())
     job = Job(model, dtype, threads, cfg.batch_documents, store, cfg.repeat, cfg.sentences)
-    contents = shard_digests(documents)
+    contents = shard_digests(documents, StatMemo(store, "shard-digests.json"))
     tasks = []
     for shard in shards:
         mask = is_val[shard.offset : shard.offset + shard.rows]

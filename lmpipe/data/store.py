@@ -20,9 +20,10 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from lmpipe.codedeps import code_digest
 from lmpipe.runtime import log, sha256_file
@@ -114,6 +115,35 @@ class Store:
         for folder in (self.root / "entries").iterdir():
             if folder.name not in used:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+class StatMemo:
+    """What a stage computes from each input file (its sha256, its row groups' digests), kept in the
+    store's root by the file's size, mtime and inode, which DVC trusts its own state by: a run reads
+    again only the files whose stat moved, not a 100 GB corpus. A run keeps the values of its files."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.file = store.root / name
+        try:
+            kept = json.loads(self.file.read_text())
+        except (OSError, ValueError):  # none yet, or unreadable: computed again
+            kept = None
+        self.kept: dict = kept if isinstance(kept, dict) else {}
+        self.used: dict = {}
+
+    def get(self, path: Path, compute: Callable[[Path], Any]) -> Any:
+        found = path.stat()
+        stamp = [found.st_size, found.st_mtime_ns, found.st_ino]
+        key = str(path.resolve())
+        kept = self.kept.get(key)
+        value = kept[1] if isinstance(kept, list) and len(kept) == 2 and kept[0] == stamp else compute(path)
+        self.used[key] = [stamp, value]
+        return value
+
+    def save(self) -> None:
+        tmp = self.file.with_name(f".{self.file.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(self.used, sort_keys=True))
+        tmp.replace(self.file)
 
 
 def link(source: Path, target: Path) -> None:

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -143,7 +143,6 @@ class _Stage:
     uri: str = "?"
     client: Any = None
     run_id: str | None = None
-    context: dict[str, str] = field(default_factory=dict)
 
 
 class _Writes:
